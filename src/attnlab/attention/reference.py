@@ -1,0 +1,138 @@
+"""Plain, materialized attention weights for every scheme (the ground truth for tests).
+
+Everything is computed in float32 (or float64 when the inputs are float64) in log space, with
+masks on both sides. Masked entries are -inf logits; a row or column with no valid entry is
+normalized against 0 instead of -inf so that it yields zeros (and zero gradients), never NaN.
+
+`reference_weights` materializes (B, H, S_q, S_k); `attend` uses it only for Sinkhorn and as
+the fallback where no fused kernel applies, and `attention_weights` always uses it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """Normalization runs in float32 at least (float64 stays float64, e.g. for gradcheck)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def valid_mask(
+    batch: int,
+    s_q: int,
+    s_k: int,
+    device: torch.device,
+    key_padding_mask: Tensor | None,
+    query_padding_mask: Tensor | None,
+    causal: bool,
+) -> Tensor | None:
+    """Bool (B, 1, S_q, S_k) [or broadcastable] mask of valid (query, key) pairs; None if all valid."""
+    valid = None
+    if key_padding_mask is not None:
+        valid = ~key_padding_mask[:, None, None, :]
+    if query_padding_mask is not None:
+        rows = ~query_padding_mask[:, None, :, None]
+        valid = rows if valid is None else valid & rows
+    if causal:  # top-left aligned, as in scaled_dot_product_attention(is_causal=True)
+        tri = torch.ones(s_q, s_k, dtype=torch.bool, device=device).tril()
+        valid = tri[None, None] if valid is None else valid & tri
+    if valid is not None:
+        valid = valid.expand(batch, 1, s_q, s_k)
+    return valid
+
+
+def safe_log_normalize(logits: Tensor, dim: int) -> Tensor:
+    """logits - logsumexp(logits, dim), where an all -inf slice stays all -inf (not NaN).
+
+    The logsumexp of an all -inf slice is taken over zeros instead, so that neither its value
+    nor its gradient (exp(x - lse)) is ever -inf - -inf = NaN; exp() of the result gives 0.
+    """
+    has_valid = (logits > float("-inf")).any(dim=dim, keepdim=True)
+    lse = torch.logsumexp(torch.where(has_valid, logits, torch.zeros_like(logits)), dim, keepdim=True)
+    return logits - lse
+
+
+def masked_logits(
+    q: Tensor,
+    k: Tensor,
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    causal: bool = False,
+) -> Tensor:
+    """Scores q.k / sqrt(d) in float32 (float64 stays), -inf where the pair is masked."""
+    dtype = compute_dtype(q)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        logits = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)) * scale
+    valid = valid_mask(
+        q.shape[0], q.shape[-2], k.shape[-2], q.device, key_padding_mask, query_padding_mask, causal
+    )
+    if valid is not None:
+        logits = logits.masked_fill(~valid, float("-inf"))
+    return logits
+
+
+def sinkhorn_log_weights(logits: Tensor, n_iter: int) -> Tensor:
+    """n_iter rounds of (normalize over queries, then over keys): n_iter=1 is DNAS."""
+    log_w = logits
+    for _ in range(n_iter):
+        log_w = safe_log_normalize(log_w, dim=-2)  # columns: over queries i
+        log_w = safe_log_normalize(log_w, dim=-1)  # rows: over keys j
+    return log_w
+
+
+def reference_weights(
+    q: Tensor,
+    k: Tensor,
+    scheme: str = "unas",
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    u: Tensor | None = None,
+    n_iter: int = 1,
+    causal: bool = False,
+) -> Tensor:
+    """Materialized (B, H, S_q, S_k) weights in float32 (float64 for float64 input)."""
+    logits = masked_logits(q, k, key_padding_mask, query_padding_mask, causal)
+    if scheme == "unas":
+        return safe_log_normalize(logits, dim=-1).exp()
+    if scheme in ("dnas", "sinkhorn"):
+        return sinkhorn_log_weights(logits, n_iter if scheme == "sinkhorn" else 1).exp()
+    if scheme == "hnas":
+        u = torch.as_tensor(u, dtype=logits.dtype, device=logits.device)
+        dnas = sinkhorn_log_weights(logits, 1).exp()
+        unas = safe_log_normalize(logits, dim=-1).exp()
+        return u * dnas + (1 - u) * unas
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def reference_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: str = "unas",
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    u: Tensor | None = None,
+    n_iter: int = 1,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Weights @ v with the materialized weights; output in v's dtype (rows of padded queries 0)."""
+    # Rows of padded queries are all -inf logits, hence zero weights and zero output.
+    weights = reference_weights(q, k, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal)
+    if dropout_p > 0.0:
+        weights = torch.nn.functional.dropout(weights, p=dropout_p)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        out = torch.matmul(weights, v.to(weights.dtype))
+    return out.to(v.dtype if v.dtype == torch.float64 else _output_dtype(v))
+
+
+def _output_dtype(v: Tensor) -> torch.dtype:
+    """Under autocast the output takes the autocast dtype, like a fused kernel would."""
+    if torch.is_autocast_enabled(v.device.type):
+        return torch.get_autocast_dtype(v.device.type)
+    return v.dtype

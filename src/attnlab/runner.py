@@ -1,0 +1,286 @@
+"""What `train.py` and `eval.py` do, without any task-specific code.
+
+The task config names a LightningDataModule and a LightningModule (`task.datamodule`,
+`task.module`); sizes that only the data know (vocabulary, number of answers) come from
+`datamodule.model_kwargs()`. Everything else is `hydra.utils.instantiate`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pytorch_lightning as pl
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.attention import AttentionSpec, attention_modules
+from attnlab.errors import ConfigError
+from attnlab.report import METRICS_FILE
+
+
+# ----------------------------------------------------------------------------- building blocks
+def is_multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # not inside a Hydra app (e.g. compose API in tests)
+        return False
+
+
+def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
+    callbacks = []
+    for name, conf in (cfg.get("callbacks") or {}).items():
+        if conf is not None and "_target_" in conf:
+            callbacks.append(hydra.utils.instantiate(conf))
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig) -> list:
+    loggers = []
+    for name, conf in (cfg.get("logger") or {}).items():
+        if conf is None or "_target_" not in conf:
+            continue
+        kwargs: dict[str, Any] = {}
+        if "WandbLogger" in conf._target_:
+            # offline unless the user opted in; one run per job, named model-task-seed, grouped by sweep
+            if os.environ.get("WANDB_MODE", "").lower() == "online":
+                kwargs["offline"] = False
+            if conf.get("name") is None:
+                kwargs["name"] = f"{cfg.model.name}-{cfg.task.name}-seed{cfg.seed}"
+            if conf.get("group") is None:
+                kwargs["group"] = (
+                    Path(HydraConfig.get().sweep.dir).name if is_multirun() else f"{cfg.task.name}"
+                )
+            kwargs["config"] = OmegaConf.to_container(cfg, resolve=True)
+            os.environ.setdefault("WANDB_SILENT", "true")
+        loggers.append(hydra.utils.instantiate(conf, **kwargs))
+    return loggers
+
+
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """`ckpt_path=last`: this run dir's last.ckpt, else the newest one of the same task and model."""
+    ckpt = cfg.get("ckpt_path")
+    if ckpt in (None, ""):
+        return None
+    if str(ckpt) != "last":
+        if not Path(ckpt).is_file():
+            raise ConfigError(f"ckpt_path={ckpt} does not exist; give the path of a .ckpt file or ckpt_path=last")
+        return str(ckpt)
+    here = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    if here.is_file():
+        return str(here)
+    pattern_root = Path(cfg.paths.log_dir) / cfg.task.name / cfg.model.name
+    found = sorted(pattern_root.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ConfigError(
+            f"ckpt_path=last: no last.ckpt under {pattern_root}/*/checkpoints/; "
+            f"start without ckpt_path, or pass ckpt_path=<path to a .ckpt>"
+        )
+    return str(found[-1])
+
+
+def hnas_u_per_layer(module: torch.nn.Module) -> dict[str, list[float]]:
+    return {
+        name: [round(float(x), 4) for x in m.hybrid_u]
+        for name, m in attention_modules(module)
+        if m.hybrid_u is not None
+    }
+
+
+def wandb_run_info(loggers) -> dict:
+    for logger in loggers:
+        if type(logger).__name__ == "WandbLogger":
+            run = logger.experiment
+            run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
+            return {"wandb_run": f"{run.project}/{run.id}", "wandb_dir": str(run_dir),
+                    "wandb_offline": bool(getattr(run.settings, "_offline", True))}
+    return {}
+
+
+def finish_wandb() -> None:
+    """Close the W&B run so that the next multirun job starts its own."""
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+    except Exception:  # pragma: no cover - never fail a run over logging shutdown
+        pass
+
+
+def to_float_dict(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def print_summary(title: str, record: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in sorted(record.get("metrics", {}).items()):
+        if k.startswith(("test/", "val/")):
+            table.add_row(k, f"{v:.4f}")
+    console = Console()
+    console.print(table)
+    for name, u in record.get("hnas_u", {}).items():
+        console.print(f"HNAS u  {name}: {u}")
+    console.print(f"run dir: {record['run_dir']}")
+    if "wandb_run" in record:
+        mode = "offline" if record.get("wandb_offline", True) else "online"
+        console.print(f"W&B run ({mode}): {record['wandb_run']}  dir: {record['wandb_dir']}")
+        if record.get("wandb_offline", True):
+            console.print(f"  upload with: wandb sync {record['wandb_dir']}")
+
+
+# ----------------------------------------------------------------------------- train
+def train(cfg: DictConfig) -> dict:
+    """Fit, then test the best checkpoint. Returns the record also written to metrics.json."""
+    t0 = time.time()
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+    AttentionSpec.from_config(cfg.model)  # fail early, with a clear message, on bad model options
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    datamodule = hydra.utils.instantiate(cfg.task.datamodule)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    module = hydra.utils.instantiate(cfg.task.module, **datamodule.model_kwargs())
+
+    callbacks = build_callbacks(cfg)
+    loggers = build_loggers(cfg)
+    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    val_score = None
+    if cfg.get("train", True):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg))
+        ckpt_cb = trainer.checkpoint_callback
+        if ckpt_cb is not None and ckpt_cb.best_model_score is not None:
+            val_score = float(ckpt_cb.best_model_score)
+        elif cfg.optimized_metric in trainer.callback_metrics:
+            val_score = float(trainer.callback_metrics[cfg.optimized_metric])
+    metrics = to_float_dict(trainer.callback_metrics)
+
+    if cfg.get("test", True):
+        ckpt_cb = trainer.checkpoint_callback
+        best = ckpt_cb.best_model_path if ckpt_cb is not None else ""
+        if not best or trainer.fast_dev_run:
+            best = None  # no checkpoint: test the weights as they are
+        trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=False)
+        metrics.update(to_float_dict(trainer.callback_metrics))
+
+    record = {
+        "status": "ok",
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "seed": int(cfg.seed),
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "optimized_metric": cfg.optimized_metric,
+        "optimized_value": val_score,
+        "metrics": metrics,
+        "hnas_u": hnas_u_per_layer(module),
+        "run_dir": str(out_dir),
+        "wall_s": round(time.time() - t0, 1),
+        **wandb_run_info(loggers),
+    }
+    if trainer.is_global_zero:
+        write_json(out_dir / METRICS_FILE, record)
+        print_summary(f"{cfg.task.name} / {cfg.model.name} / seed {cfg.seed}", record)
+    finish_wandb()
+    return record
+
+
+def run_job(fn, cfg: DictConfig) -> float | None:
+    """Run one job with user-facing error handling.
+
+    A ConfigError prints its message alone. In a multirun a failing job is recorded in its
+    metrics.json (status=failed) and the sweep goes on.
+    """
+    try:
+        record = fn(cfg)
+        value = record.get("optimized_value")
+        return None if value is None else float(value)
+    except Exception as exc:  # noqa: BLE001 - we report and decide below
+        finish_wandb()
+        message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        if is_multirun():
+            out_dir = Path(cfg.paths.output_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(out_dir / METRICS_FILE, {
+                "status": "failed", "error": message, "traceback": traceback.format_exc(),
+                "task": cfg.task.name, "model": cfg.model.name, "seed": int(cfg.seed),
+                "overrides": list(HydraConfig.get().overrides.task), "metrics": {},
+            })
+            print(f"[attnlab] job failed (recorded, sweep continues): {message}")
+            return math.nan
+        if isinstance(exc, ConfigError):
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[bold red]error:[/] {message}")
+            raise SystemExit(2) from None
+        raise
+
+
+# ----------------------------------------------------------------------------- eval
+def _saved_run_config(ckpt: Path) -> DictConfig | None:
+    for parent in list(ckpt.parents)[:3]:
+        for name in ("config.yaml", ".hydra/config.yaml"):
+            if (parent / name).is_file():
+                return OmegaConf.load(parent / name)
+    return None
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
+    ckpt = Path(str(cfg.ckpt_path))
+    if not ckpt.is_file():
+        raise ConfigError(f"ckpt_path={ckpt} does not exist; point it at a .ckpt in outputs/<task>/<model>/<run>/checkpoints/")
+    saved = _saved_run_config(ckpt)
+    task_cfg = saved.task if saved is not None else cfg.task
+    if HydraConfig.initialized():  # dotted command-line overrides of task.* still apply
+        dotted = [o for o in HydraConfig.get().overrides.task if o.startswith("task.")]
+        if dotted:
+            task_cfg = OmegaConf.merge(
+                task_cfg, OmegaConf.from_dotlist([o[len("task."):] for o in dotted])
+            )
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    module_cls = hydra.utils.get_class(task_cfg.module._target_)
+    module = module_cls.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    datamodule = hydra.utils.instantiate(task_cfg.datamodule)
+    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=False, callbacks=[])
+    if cfg.split == "val":
+        results = trainer.validate(module, datamodule=datamodule)
+    else:
+        results = trainer.test(module, datamodule=datamodule)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "status": "ok", "ckpt_path": str(ckpt), "split": cfg.split, "task": task_cfg.name,
+        "metrics": to_float_dict(results[0] if results else {}), "hnas_u": hnas_u_per_layer(module),
+        "run_dir": str(out_dir),
+    }
+    write_json(out_dir / "eval_metrics.json", record)
+    print_summary(f"eval {ckpt}", record)
+    return record

@@ -1,0 +1,179 @@
+"""`HeadlineDataModule`: Debian (default) or Gigaword article -> headline pairs, WordPiece ids.
+
+Batches are dicts:
+    src_ids   (B, S) long  [CLS] article [SEP], padded with [PAD]
+    tgt_ids   (B, T) long  [CLS] headline [SEP], padded; [CLS] starts decoding, [SEP] ends it
+    articles, headlines    the raw texts (the predictions file and the ROUGE references)
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from attnlab.errors import ConfigError
+from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, load_tokenizer
+from tasks.headline import gigaword, pairs
+from tasks.headline.example import HeadlinePair
+
+SOURCES = ("debian", "gigaword")
+# Our split names -> the Gigaword file prefixes.
+_GIGAWORD_SPLIT = {"train": "train", "val": "valid", "test": "test"}
+
+
+class HeadlineDataModule(pl.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "debian",
+        debian_dir: str = "data/debian",
+        pairs_dir: str = "data/headline/debian",
+        gigaword_dir: str | None = None,
+        translation_files: Sequence[str] | None = None,
+        min_words: int = 10,
+        max_words: int = 60,
+        split_fractions: Sequence[float] = pairs.DEFAULT_FRACTIONS,
+        max_source_length: int = 128,
+        max_target_length: int = 64,
+        max_train_examples: int | None = None,
+        max_val_examples: int | None = None,
+        max_test_examples: int | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int = 64,
+        num_workers: int = 0,
+        subset_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if source not in SOURCES:
+            raise ConfigError(f"task.datamodule.source={source!r}; use one of {', '.join(SOURCES)}")
+        if source == "gigaword" and not gigaword_dir:
+            raise ConfigError(
+                "task.datamodule.source=gigaword needs task.datamodule.gigaword_dir=<folder with "
+                "train/valid/test .article.txt and .title.txt (Rush et al. 2015)>"
+            )
+        if max_source_length < 3 or max_target_length < 3:
+            raise ConfigError("max_source_length and max_target_length must be >= 3 ([CLS] x [SEP])")
+        self.source = source
+        self.debian_dir = Path(debian_dir)
+        self.pairs_dir = Path(pairs_dir)
+        self.gigaword_dir = Path(gigaword_dir) if gigaword_dir else None
+        self.translation_files = list(translation_files) if translation_files else None
+        self.min_words, self.max_words = int(min_words), int(max_words)
+        self.split_fractions = tuple(float(f) for f in split_fractions)
+        self.max_source_length = int(max_source_length)
+        self.max_target_length = int(max_target_length)
+        self.limits = dict(train=max_train_examples, val=max_val_examples, test=max_test_examples)
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
+        self.num_workers = int(num_workers)
+        self.subset_seed = int(subset_seed)
+        self.tokenizer = None
+        self.data: dict[str, list[dict]] = {}
+
+    # -- preparation -------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        if self.source == "debian":
+            pairs.prepare_pairs(
+                self.debian_dir,
+                self.pairs_dir,
+                self.min_words,
+                self.max_words,
+                self.split_fractions,
+                translation_files=self.translation_files,
+            )
+        else:  # check that all six files are there and aligned, before training starts
+            gigaword.read_gigaword(self.gigaword_dir)
+
+    def load_split(self, split: str) -> list[HeadlinePair]:
+        if self.source == "debian":
+            return pairs.load_pairs(self.pairs_dir, split)
+        return [
+            HeadlinePair(gigaword.to_model_text(p.article), p.headline, p.source_id)
+            for p in gigaword.read_split(self.gigaword_dir, _GIGAWORD_SPLIT[split])
+        ]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(None)  # we truncate ourselves, per side
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ("train", "val", "test"))
+        for split in wanted:
+            if split in self.data:
+                continue
+            examples = self._subset(self.load_split(split), self.limits[split])
+            self.data[split] = self._encode(examples)
+            print(f"[headline] {split}: {len(self.data[split])} pairs ({self.source})", flush=True)
+
+    def _subset(self, examples: list[HeadlinePair], limit: int | None) -> list[HeadlinePair]:
+        # Pair files are ordered by package family: a random subset, not the first N, is representative.
+        if limit is None or limit >= len(examples):
+            return examples
+        picked = sorted(random.Random(self.subset_seed).sample(range(len(examples)), int(limit)))
+        return [examples[i] for i in picked]
+
+    def _ids(self, texts: list[str], max_length: int) -> list[list[int]]:
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [[CLS_ID] + e.ids[: max_length - 2] + [SEP_ID] for e in encodings]
+
+    def _encode(self, examples: list[HeadlinePair]) -> list[dict]:
+        src = self._ids([e.article for e in examples], self.max_source_length)
+        # Headlines are tokenized lowercased like the articles; the raw text stays the ROUGE reference.
+        tgt = self._ids([gigaword.to_model_text(e.headline) for e in examples], self.max_target_length)
+        return [
+            dict(src_ids=s, tgt_ids=t, article=e.article, headline=e.headline)
+            for s, t, e in zip(src, tgt, examples)
+        ]
+
+    # -- loaders -----------------------------------------------------------------------------
+
+    def model_kwargs(self) -> dict:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(None)
+        return dict(
+            vocab_size=self.tokenizer.get_vocab_size(),
+            pad_id=PAD_ID,
+            bos_id=CLS_ID,
+            eos_id=SEP_ID,
+            max_source_positions=self.max_source_length,
+            max_target_positions=self.max_target_length,
+        )
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
+        if split not in self.data:
+            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+        return DataLoader(
+            self.data[split],
+            batch_size=batch_size,
+            shuffle=shuffle,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", self.eval_batch_size, shuffle=False)
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def collate(items: list[dict]) -> dict:
+    return dict(
+        src_ids=_pad([it["src_ids"] for it in items]),
+        tgt_ids=_pad([it["tgt_ids"] for it in items]),
+        articles=[it["article"] for it in items],
+        headlines=[it["headline"] for it in items],
+    )

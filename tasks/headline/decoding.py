@@ -1,0 +1,151 @@
+"""Batched greedy and beam search for an encoder-decoder with `encode` / `decode` methods.
+
+The model protocol (see `tasks.headline.model.HeadlineTransformer`):
+
+    memory = model.encode(src_ids, src_padding_mask)                       # (B, S, D)
+    logits = model.decode(prefix_ids, memory, memory_padding_mask)         # (B, T, V)
+
+Each step re-runs the decoder on the whole prefix (no key/value cache): headlines are short
+(<= 64 positions), and the decoder layers stay the plain library layers.
+
+Both searches pick tokens with the same `_top_tokens`, so that beam search with one beam is
+exactly greedy search (same ties, same ids), which the tests check.
+
+Outputs are (B, L) id tensors without the start token, ending with `eos_id` where the search
+produced it, padded with `pad_id` after it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import ConfigError
+
+
+def _check_max_length(model, max_length: int) -> None:
+    limit = getattr(model, "max_target_positions", None)
+    if max_length < 1:
+        raise ConfigError(f"decoding max_length={max_length} must be >= 1")
+    if limit is not None and max_length + 1 > limit:
+        raise ConfigError(
+            f"decoding max_length={max_length} needs {max_length + 1} decoder positions (with the "
+            f"start token) but the model has {limit}; lower the max length or raise "
+            f"task.module.max_target_positions"
+        )
+
+
+def _next_log_probs(model, prefix: Tensor, memory: Tensor, memory_padding_mask: Tensor | None) -> Tensor:
+    logits = model.decode(prefix, memory, memory_padding_mask)[:, -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _top_tokens(log_probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    return torch.topk(log_probs, k, dim=-1)
+
+
+@torch.no_grad()
+def greedy_decode(
+    model,
+    src_ids: Tensor,
+    src_padding_mask: Tensor | None,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_length: int,
+) -> Tensor:
+    _check_max_length(model, max_length)
+    memory = model.encode(src_ids, src_padding_mask)
+    batch = src_ids.shape[0]
+    prefix = torch.full((batch, 1), bos_id, dtype=torch.long, device=src_ids.device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)
+    for _ in range(max_length):
+        log_probs = _next_log_probs(model, prefix, memory, src_padding_mask)
+        token = _top_tokens(log_probs, 1)[1].squeeze(-1)
+        token = token.masked_fill(finished, pad_id)
+        prefix = torch.cat([prefix, token[:, None]], dim=1)
+        finished |= token == eos_id
+        if bool(finished.all()):
+            break
+    return prefix[:, 1:]
+
+
+def length_penalty_factor(lengths: Tensor, alpha: float) -> Tensor:
+    """GNMT length penalty ((5 + |y|) / 6) ** alpha (Wu et al. 2016); alpha = 0 turns it off."""
+    return ((5.0 + lengths.float()) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src_ids: Tensor,
+    src_padding_mask: Tensor | None,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_length: int,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+) -> Tensor:
+    """Beam search with a fixed number of hypotheses per example.
+
+    A hypothesis that emits EOS stays in its beam with its score frozen (it can only be extended
+    by padding, at log-probability 0), so it keeps competing by raw log-probability with the
+    running ones. At the end the hypothesis with the best length-normalized score wins.
+    """
+    if beam_size < 1:
+        raise ConfigError(f"beam_size={beam_size} must be >= 1 (1 is greedy search)")
+    _check_max_length(model, max_length)
+    device = src_ids.device
+    batch, k = src_ids.shape[0], beam_size
+    memory = model.encode(src_ids, src_padding_mask)
+    # Every example's encoder output, repeated for its k hypotheses: rows b*k .. b*k + k - 1.
+    memory = memory.repeat_interleave(k, dim=0)
+    memory_mask = None if src_padding_mask is None else src_padding_mask.repeat_interleave(k, dim=0)
+
+    prefix = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+    # Only the first hypothesis is alive at the start; the others would duplicate it.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    scores = scores.view(-1)
+    finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
+
+    for _ in range(max_length):
+        log_probs = _next_log_probs(model, prefix, memory, memory_mask)
+        # Finished hypotheses: the only continuation is padding, at no cost.
+        pad_only = torch.full_like(log_probs, float("-inf"))
+        pad_only[:, pad_id] = 0.0
+        log_probs = torch.where(finished[:, None], pad_only, log_probs)
+        # The best k continuations of every hypothesis contain the best k of the whole beam.
+        n = min(k, log_probs.shape[-1])
+        token_scores, tokens = _top_tokens(log_probs, n)  # (B*k, n)
+        candidates = (scores[:, None] + token_scores).view(batch, k * n)
+        best, flat = torch.topk(candidates, k, dim=-1)  # (B, k)
+        parent = flat // n + torch.arange(batch, device=device)[:, None] * k
+        parent, best = parent.view(-1), best.view(-1)
+        token = tokens.view(batch, k * n).gather(1, flat).view(-1)
+
+        was_finished = finished[parent]
+        prefix = torch.cat([prefix[parent], token[:, None]], dim=1)
+        scores = best
+        lengths = lengths[parent] + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+
+    normalized = (scores / length_penalty_factor(lengths, length_penalty)).view(batch, k)
+    winner = normalized.argmax(dim=-1) + torch.arange(batch, device=device) * k
+    return prefix[winner, 1:]
+
+
+def strip_generated(ids: Tensor, eos_id: int, pad_id: int) -> list[list[int]]:
+    """Token ids of each generated row, up to (not including) the first EOS, padding removed."""
+    rows = []
+    for row in ids.tolist():
+        if eos_id in row:
+            row = row[: row.index(eos_id)]
+        rows.append([t for t in row if t != pad_id])
+    return rows

@@ -1,0 +1,160 @@
+"""Encoder-decoder Transformer for headline generation.
+
+- One WordPiece vocabulary: the encoder input embeddings, decoder input embeddings and output
+  projection share one matrix (as BERT ties its MLM output to its input embeddings).
+- BERT-style embeddings on both sides (word + learned position + LayerNorm), post-LN layers, and
+  BERT's LM-head transform before the tied output, so that `init=bert` can load all of them
+  (see `tasks.headline.bert_init`).
+- The encoder layers use the `model=` attention spec (unas/dnas/hnas/sinkhorn); the decoder's
+  self- and cross-attention use `decoder_attention`, which must be UNAS: a query-normalized scheme
+  would leak the future (the library refuses it with ConfigError).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer
+from attnlab.attention.spec import AttentionSpec
+from attnlab.errors import ConfigError
+
+_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+
+
+class Embeddings(nn.Module):
+    """word (shared) + learned position, then LayerNorm and dropout, as in BERT."""
+
+    def __init__(self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float, eps: float):
+        super().__init__()
+        self.word = word
+        self.position = nn.Embedding(max_positions, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def max_positions(self) -> int:
+        return self.position.num_embeddings
+
+    def forward(self, ids: Tensor) -> Tensor:
+        length = ids.shape[1]
+        if length > self.max_positions:
+            raise ConfigError(
+                f"sequence of {length} tokens is longer than the {self.max_positions} positions "
+                f"of the model; truncate it (datamodule max lengths) or raise the model's positions"
+            )
+        positions = torch.arange(length, device=ids.device)
+        return self.dropout(self.norm(self.word(ids) + self.position(positions)[None]))
+
+
+class HeadlineTransformer(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int,
+        attention: AttentionSpec | dict | str = "unas",
+        decoder_attention: AttentionSpec | dict | str = "unas",
+        d_model: int = 128,
+        nhead: int = 4,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        dim_feedforward: int = 512,
+        dropout: float = 0.1,
+        activation: str = "gelu",
+        max_source_positions: int = 128,
+        max_target_positions: int = 64,
+        layer_norm_eps: float = 1e-12,
+    ) -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ConfigError(f"activation={activation!r}; use one of {', '.join(_ACTIVATIONS)}")
+        encoder_spec = AttentionSpec.from_config(attention)
+        decoder_spec = AttentionSpec.from_config(decoder_attention)
+        if decoder_spec.normalizes_over_queries:
+            raise ConfigError(
+                f"decoder attention {decoder_spec.scheme!r} normalizes over queries, which mixes "
+                f"all target positions and leaks the future into step-by-step decoding. The "
+                f"headline decoder must stay UNAS: remove task.module.decoder_attention (or set it "
+                f"to unas); model={encoder_spec.scheme} applies to the encoder only"
+            )
+        self.pad_id = pad_id
+        self.d_model = d_model
+        self.max_source_positions = max_source_positions
+        self.max_target_positions = max_target_positions
+
+        word = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.encoder_embeddings = Embeddings(word, max_source_positions, d_model, dropout, layer_norm_eps)
+        self.decoder_embeddings = Embeddings(word, max_target_positions, d_model, dropout, layer_norm_eps)
+        layer_args = dict(
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            norm_first=False,
+            layer_norm_eps=layer_norm_eps,
+        )
+        self.encoder_layers = nn.ModuleList(
+            TransformerEncoderLayer(spec=encoder_spec, **layer_args) for _ in range(num_encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            TransformerDecoderLayer(spec=decoder_spec, **layer_args) for _ in range(num_decoder_layers)
+        )
+        # BERT's LM head: dense + activation + LayerNorm, then the tied output projection + bias.
+        self.head_transform = nn.Sequential(
+            nn.Linear(d_model, d_model),
+            _ACTIVATIONS[activation](),
+            nn.LayerNorm(d_model, eps=layer_norm_eps),
+        )
+        self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+        self.apply(_init_bert_style)
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.encoder_embeddings.word
+
+    def encode(self, src_ids: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        x = self.encoder_embeddings(src_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, key_padding_mask=src_padding_mask)
+        return x
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        memory_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits (B, T, V) of the token after each prefix position (causal)."""
+        y = self.decoder_embeddings(tgt_ids)
+        for layer in self.decoder_layers:
+            y = layer(
+                y,
+                memory,
+                tgt_key_padding_mask=tgt_padding_mask,
+                memory_key_padding_mask=memory_padding_mask,
+            )
+        hidden = self.head_transform(y)
+        return hidden @ self.word_embeddings.weight.t() + self.output_bias
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        src_mask = src_ids.eq(self.pad_id)
+        memory = self.encode(src_ids, src_mask)
+        return self.decode(tgt_ids, memory, src_mask, tgt_ids.eq(self.pad_id))
+
+
+def _init_bert_style(module: nn.Module) -> None:
+    """Normal(0, 0.02) weights, zero biases, unit LayerNorm (BERT's initializer_range)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

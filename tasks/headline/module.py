@@ -1,0 +1,220 @@
+"""`HeadlineModule`: training, validation (loss + greedy ROUGE) and test (beam search ROUGE).
+
+- train: teacher-forced cross-entropy of the next headline token (optional label smoothing)
+- val:   loss on every batch; ROUGE-1/2/L F1 of greedy decodes on the first
+         `val_decode_batches` batches (decoding is the slow part on CPU)
+- test:  beam search over the whole test set, test/rouge1, test/rouge2, test/rougeL, and
+         `predictions.tsv` (source, reference, prediction) in the run directory
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.attention import AttentionSpec
+from attnlab.errors import ConfigError
+from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
+from tasks.headline.model import HeadlineTransformer
+from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
+
+INITS = ("random", "bert")
+
+
+def sequence_loss(logits: Tensor, targets: Tensor, pad_id: int, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy over the non-padding target tokens. logits (B, T, V), targets (B, T)."""
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+    )
+
+
+class HeadlineModule(pl.LightningModule):
+    def __init__(
+        self,
+        attention,
+        vocab_size: int,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        decoder_attention="unas",
+        init: str = "random",
+        d_model: int = 128,
+        nhead: int = 4,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        dim_feedforward: int = 512,
+        dropout: float = 0.1,
+        max_source_positions: int = 128,
+        max_target_positions: int = 64,
+        lr: float = 5e-4,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 100,
+        label_smoothing: float = 0.1,
+        val_decode_batches: int = 2,
+        max_decode_length: int = 32,
+        beam_size: int = 4,
+        length_penalty: float = 0.6,
+        predictions_file: str = "predictions.tsv",
+    ) -> None:
+        super().__init__()
+        if init not in INITS:
+            raise ConfigError(f"task.init={init!r}; use one of {', '.join(INITS)}")
+        # The spec as a plain dict: checkpoints then load without Hydra objects.
+        attention = AttentionSpec.from_config(attention).to_dict()
+        decoder_attention = AttentionSpec.from_config(decoder_attention).to_dict()
+        self.save_hyperparameters()
+        sizes = dict(
+            d_model=d_model,
+            nhead=nhead,
+            num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+        )
+        if init == "bert":
+            from tasks.headline.bert_init import bert_sizes
+
+            sizes = bert_sizes(sizes, max_source_positions, max_target_positions)
+        self.model = HeadlineTransformer(
+            vocab_size,
+            pad_id,
+            attention=attention,
+            decoder_attention=decoder_attention,
+            max_source_positions=max_source_positions,
+            max_target_positions=max_target_positions,
+            **sizes,
+        )
+        if init == "bert":
+            from tasks.headline.bert_init import load_bert_into
+
+            load_bert_into(self.model)
+        self.val_rouge = make_rouge()
+        self.test_rouge = make_rouge()
+        self._tokenizer = None
+        self._predictions: list[tuple[str, str, str]] = []
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:  # the same packaged WordPiece vocabulary as the data
+            from tasks.common.bert_assets import load_tokenizer
+
+            self._tokenizer = load_tokenizer(None)
+        return self._tokenizer
+
+    def ids_to_text(self, generated: Tensor) -> list[str]:
+        rows = strip_generated(generated, self.hparams.eos_id, self.hparams.pad_id)
+        return self.tokenizer.decode_batch(rows, skip_special_tokens=True)
+
+    def _decode_kwargs(self) -> dict:
+        hp = self.hparams
+        # The start token takes one decoder position.
+        max_length = min(hp.max_decode_length, self.model.max_target_positions - 1)
+        return dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=hp.pad_id, max_length=max_length)
+
+    def _loss(self, batch: dict) -> Tensor:
+        tgt = batch["tgt_ids"]
+        logits = self.model(batch["src_ids"], tgt[:, :-1])
+        return sequence_loss(logits, tgt[:, 1:], self.hparams.pad_id, self.hparams.label_smoothing)
+
+    # -- loops -------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["headlines"]))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        size = len(batch["headlines"])
+        self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=size)
+        if batch_idx < self.hparams.val_decode_batches:
+            src = batch["src_ids"]
+            generated = greedy_decode(self.model, src, src.eq(self.hparams.pad_id), **self._decode_kwargs())
+            self.val_rouge.update(self.ids_to_text(generated), batch["headlines"])
+
+    def on_validation_epoch_end(self) -> None:
+        if self.hparams.val_decode_batches > 0:
+            scores = rouge_f1(self.val_rouge.compute())
+            for key in ROUGE_KEYS:
+                self.log(f"val/{key}", scores[key], prog_bar=key == "rougeL")
+            self.val_rouge.reset()
+        # u of each HNAS encoder layer (mean over heads), to follow its drift during training.
+        for index, layer in enumerate(self.model.encoder_layers):
+            u = layer.self_attn.hybrid_u
+            if u is not None:
+                self.log(f"u/encoder_layer{index}", u.mean())
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        hp = self.hparams
+        src = batch["src_ids"]
+        generated = beam_search(
+            self.model,
+            src,
+            src.eq(hp.pad_id),
+            beam_size=hp.beam_size,
+            length_penalty=hp.length_penalty,
+            **self._decode_kwargs(),
+        )
+        predictions = self.ids_to_text(generated)
+        self.test_rouge.update(predictions, batch["headlines"])
+        self._predictions.extend(zip(batch["articles"], batch["headlines"], predictions))
+
+    def on_test_epoch_start(self) -> None:
+        self._predictions = []
+
+    def on_test_epoch_end(self) -> None:
+        scores = rouge_f1(self.test_rouge.compute())
+        for key in ROUGE_KEYS:
+            self.log(f"test/{key}", scores[key])
+        self.test_rouge.reset()
+        self.write_predictions(self.predictions_path())
+
+    def predictions_path(self) -> Path:
+        """`predictions.tsv` in the run directory (one file per process when several run)."""
+        name = self.hparams.predictions_file
+        if self.trainer.world_size > 1:
+            name = f"{Path(name).stem}.rank{self.trainer.global_rank}{Path(name).suffix}"
+        return Path(self.trainer.default_root_dir) / name
+
+    def write_predictions(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out, delimiter="\t", quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
+            writer.writerow(["source", "reference", "prediction"])
+            for row in self._predictions:
+                writer.writerow([" ".join(text.split()) for text in row])  # no tabs or newlines inside
+        print(f"[headline] wrote {len(self._predictions)} test predictions to {path}", flush=True)
+
+    # -- optimization ------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        # No weight decay on 1-D parameters (biases, LayerNorm, HNAS u logits), as for BERT.
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            (no_decay if param.dim() < 2 else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [dict(params=decay, weight_decay=hp.weight_decay), dict(params=no_decay, weight_decay=0.0)],
+            lr=hp.lr,
+        )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warmup = min(int(hp.warmup_steps), total)
+
+        def warmup_then_linear_decay(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return max(0.0, (total - step) / max(total - warmup, 1))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay)
+        return dict(optimizer=optimizer, lr_scheduler=dict(scheduler=scheduler, interval="step"))

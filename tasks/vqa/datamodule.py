@@ -1,0 +1,344 @@
+"""`VQADataModule`: the synthetic benchmark (default) or real VQA-v2, as batches of box features.
+
+Both sources end up in the same form: per split, questions (token ids), soft answer scores over
+an answer vocabulary built from the training split, a question type, and the index of the
+question's image in a box-feature store that returns (views x boxes x D) features with a mask.
+
+A batch is a dict:
+  features      (B, V, N, D) float32   V views, N = max_boxes, D = feature dim (+4 box coords)
+  box_mask      (B, V, N) bool         True = padding
+  question      (B, L) long            token ids, 0 = padding
+  question_length (B,) long
+  scores        (B, A) float32         VQA accuracy of each vocabulary answer (the BCE target)
+  question_type (B,) long              index into model_kwargs()["question_types"]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from attnlab.errors import ConfigError, DataError
+from tasks.vqa import synthetic
+from tasks.vqa.metric import answer_scores, normalize_answer
+from tasks.vqa.vqav2 import MMFFeatures, read_split
+
+PAD, UNK = "<pad>", "<unk>"
+VQAV2_ANSWER_TYPES = ("yes/no", "number", "other")
+# At most this many distinct answers per question get a score (VQA-v2 has 10 annotators).
+MAX_TARGETS = 10
+
+
+@dataclass
+class RawSplit:
+    """One split before encoding: strings, plus where each question's image features are."""
+
+    questions: list[str]
+    answers: list[list[str]]
+    question_types: list[str]
+    image_keys: np.ndarray  # per question: its image's key in the feature store
+    store: Any  # SyntheticStore | MMFStore
+
+
+class SyntheticStore:
+    """The generated features, held in memory (float16) and converted per batch."""
+
+    def __init__(self, features: np.ndarray, bbox: np.ndarray, num_boxes: np.ndarray) -> None:
+        self.features = torch.from_numpy(features)
+        self.bbox = torch.from_numpy(bbox)
+        self.num_boxes = torch.from_numpy(num_boxes.astype(np.int64))
+
+    @property
+    def feature_dim(self) -> int:
+        return self.features.shape[-1]
+
+    def batch(self, keys: np.ndarray):
+        idx = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+        return self.features[idx].float(), self.bbox[idx].float(), self.num_boxes[idx]
+
+
+class MMFStore:
+    """Real per-image feature files (read when a batch needs them)."""
+
+    def __init__(self, features: MMFFeatures) -> None:
+        self.files = features
+
+    @property
+    def feature_dim(self) -> int:
+        return self.files.feature_dim
+
+    def batch(self, keys: np.ndarray):
+        loaded = [self.files.load(int(k)) for k in keys]
+        return tuple(torch.from_numpy(np.stack(parts)) for parts in zip(*loaded))
+
+
+class VQADataset(Dataset):
+    """Encoded questions of one split; `__getitems__` builds a whole batch at once."""
+
+    def __init__(self, split: RawSplit, tokens: torch.Tensor, lengths: torch.Tensor,
+                 answer_ids: torch.Tensor, answer_scores: torch.Tensor, type_ids: torch.Tensor,
+                 num_answers: int, box_coords: bool) -> None:  # fmt: skip
+        self.split = split
+        self.tokens, self.lengths = tokens, lengths
+        # Sparse targets (answer index, score), -1 = none: dense (Q x A) would not fit for VQA-v2.
+        self.answer_ids, self.answer_scores = answer_ids, answer_scores
+        self.type_ids = type_ids
+        self.num_answers = num_answers
+        self.box_coords = box_coords
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = torch.as_tensor(list(indices), dtype=torch.long)
+        features, bbox, num_boxes = self.split.store.batch(self.split.image_keys[idx.numpy()])
+        if self.box_coords:  # where the box is: what lets the fusion match boxes across views
+            features = torch.cat([features, bbox], dim=-1)
+        n_boxes = features.shape[2]
+        box_mask = torch.arange(n_boxes)[None, None, :] >= num_boxes[:, :, None]
+        ids, scores = self.answer_ids[idx], self.answer_scores[idx]
+        dense = torch.zeros(len(idx), self.num_answers + 1)
+        dense.scatter_(1, ids.clamp(min=-1) % (self.num_answers + 1), scores)  # -1 -> spare column
+        return {
+            "features": features,
+            "box_mask": box_mask,
+            "question": self.tokens[idx],
+            "question_length": self.lengths[idx],
+            "scores": dense[:, : self.num_answers],
+            "question_type": self.type_ids[idx],
+        }
+
+
+def _batch_as_is(batch):
+    """collate_fn: `__getitems__` already returns a collated batch."""
+    return batch
+
+
+class VQADataModule(pl.LightningDataModule):
+    def __init__(
+        self,
+        data_dir: str,
+        source: str = "synthetic",
+        synthetic: dict | None = None,
+        vqav2: dict | None = None,
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        max_question_length: int = 20,
+        answer_vocab_size: int = 3000,
+        max_boxes: int = 100,
+        box_coords: bool = True,
+    ) -> None:
+        super().__init__()
+        self.data_dir = Path(data_dir)
+        self.source = str(source)
+        if self.source not in ("synthetic", "vqav2"):
+            raise ConfigError(f"task.source={self.source!r}; use synthetic (default) or vqav2")
+        self.synthetic_params = synthetic_params(synthetic, max_boxes)
+        self.vqav2 = _plain(vqav2) or {}
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.num_workers = int(num_workers)
+        self.max_question_length = int(max_question_length)
+        self.answer_vocab_size = int(answer_vocab_size)
+        self.max_boxes = int(max_boxes)
+        self.box_coords = bool(box_coords)
+        self.datasets: dict[str, VQADataset] = {}
+        self.answers: list[str] = []
+        self.question_types: list[str] = []
+        self.tokenizer = None
+
+    # --- preparation -------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        if self.source == "synthetic":
+            synthetic.prepare(self.data_dir, self.synthetic_params)
+        else:
+            for split in ("train", "val"):
+                for key in ("questions", "annotations"):
+                    path = self._vqav2_split(split).get(key)
+                    if not path or not Path(path).is_file():
+                        raise DataError(
+                            f"VQA-v2 {split} {key} file not found: {path}; set "
+                            f"task.vqav2.{split}.{key} to the official JSON file"
+                        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        raw = self._read_synthetic() if self.source == "synthetic" else self._read_vqav2()
+        self.tokenizer = build_tokenizer(raw["train"].questions, self.max_question_length)
+        self.answers = build_answer_vocab(raw["train"].answers, self.answer_vocab_size)
+        for split, data in raw.items():
+            self.datasets[split] = self._encode(data)
+
+    def _read_synthetic(self) -> dict[str, RawSplit]:
+        path = synthetic.prepare(self.data_dir, self.synthetic_params)
+        arrays = synthetic.load(path)
+        self.question_types = list(synthetic.QUESTION_TYPES)
+        raw = {}
+        for split in synthetic.SPLITS:
+            store = SyntheticStore(arrays[f"{split}_features"], arrays[f"{split}_bbox"],
+                                   arrays[f"{split}_num_boxes"])  # fmt: skip
+            raw[split] = RawSplit(
+                questions=arrays[f"{split}_question"].tolist(),
+                answers=arrays[f"{split}_answers"].tolist(),
+                question_types=arrays[f"{split}_question_type"].tolist(),
+                image_keys=arrays[f"{split}_image"].astype(np.int64),
+                store=store,
+            )
+        return raw
+
+    def _vqav2_split(self, split: str) -> dict:
+        cfg = self.vqav2.get(split)
+        if split == "test" and not cfg:
+            cfg = self.vqav2.get("val")  # test-dev answers are not public: test on val
+        if not cfg:
+            raise ConfigError(f"task.vqav2.{split} is not set; give questions, annotations, feature_dirs")
+        return cfg
+
+    def _read_vqav2(self) -> dict[str, RawSplit]:
+        self.question_types = list(VQAV2_ANSWER_TYPES)
+        raw = {}
+        for split in ("train", "val", "test"):
+            cfg = self._vqav2_split(split)
+            records = read_split(cfg["questions"], cfg["annotations"])
+            files = MMFFeatures(cfg.get("feature_dirs") or [], cfg.get("name_pattern", "{image_id}"),
+                                self.max_boxes)  # fmt: skip
+            image_ids = np.array([r.image_id for r in records], dtype=np.int64)
+            files.check_exist(image_ids)
+            if len(image_ids):
+                files.load(int(image_ids[0]))  # learns D, fails early on a corrupt first file
+            raw[split] = RawSplit(
+                questions=[r.question for r in records],
+                answers=[r.answers for r in records],
+                question_types=[
+                    r.answer_type if r.answer_type in VQAV2_ANSWER_TYPES else "other"
+                    for r in records
+                ],
+                image_keys=image_ids,
+                store=MMFStore(files),
+            )
+        return raw
+
+    def _encode(self, data: RawSplit) -> VQADataset:
+        encodings = self.tokenizer.encode_batch(data.questions)
+        tokens = torch.tensor([e.ids for e in encodings], dtype=torch.long)
+        lengths = torch.tensor([max(sum(e.attention_mask), 1) for e in encodings])
+        index = {a: i for i, a in enumerate(self.answers)}
+        id_rows, score_rows = [], []
+        for answers in data.answers:
+            scored = answer_scores([normalize_answer(x) for x in answers])
+            known = [(index[a], s) for a, s in scored.items() if a in index][:MAX_TARGETS]
+            padding = [(-1, 0.0)] * (MAX_TARGETS - len(known))
+            ids, scores = zip(*(known + padding))
+            id_rows.append(ids)
+            score_rows.append(scores)
+        answer_ids = torch.tensor(id_rows, dtype=torch.long).view(-1, MAX_TARGETS)
+        scores = torch.tensor(score_rows, dtype=torch.float32).view(-1, MAX_TARGETS)
+        type_ids = torch.tensor([self.question_types.index(t) for t in data.question_types])
+        return VQADataset(data, tokens, lengths, answer_ids, scores, type_ids, len(self.answers),
+                          self.box_coords)  # fmt: skip
+
+    # --- what the model needs to know --------------------------------------------------------
+
+    def model_kwargs(self) -> dict:
+        if not self.datasets:
+            raise RuntimeError("call setup() before model_kwargs()")
+        store = self.datasets["train"].split.store
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "num_answers": len(self.answers),
+            "feature_dim": store.feature_dim + (4 if self.box_coords else 0),
+            "num_views": self.datasets["train"][0]["features"].shape[0],
+            "question_types": list(self.question_types),
+        }
+
+    def majority_baseline(self, split: str = "test") -> float:
+        """VQA accuracy of always answering the most frequent training answer."""
+        dataset = self.datasets[split]
+        return float((dataset.answer_scores * (dataset.answer_ids == 0)).sum() / len(dataset))
+
+    # --- loaders -----------------------------------------------------------------------------
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=_batch_as_is,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+
+def build_tokenizer(questions: Sequence[str], max_length: int):
+    """A word-level tokenizer (lower-cased words and punctuation) fitted on training questions."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from tokenizers.trainers import WordLevelTrainer
+
+    tokenizer = Tokenizer(WordLevel(unk_token=UNK))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(questions, trainer=WordLevelTrainer(special_tokens=[PAD, UNK]))
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.enable_padding(pad_id=tokenizer.token_to_id(PAD), pad_token=PAD, length=max_length)
+    return tokenizer
+
+
+def build_answer_vocab(answers: Sequence[Sequence[str]], size: int) -> list[str]:
+    """The `size` most frequent normalized annotator answers of the training split."""
+    counts = Counter(normalize_answer(a) for per_question in answers for a in per_question)
+    counts.pop("", None)
+    # Ties broken by the answer text, so the vocabulary does not depend on reading order.
+    return [a for a, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]]
+
+
+def synthetic_params(cfg: dict | None, max_boxes: int) -> synthetic.SyntheticParams:
+    values = _plain(cfg) or {}
+    values.setdefault("max_boxes", max_boxes)
+    known = synthetic.SyntheticParams.__dataclass_fields__
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown task.synthetic options {unknown}; known: {sorted(known)}")
+    if values["max_boxes"] != max_boxes:
+        raise ConfigError(
+            f"task.synthetic.max_boxes={values['max_boxes']} differs from the data module's "
+            f"max_boxes={max_boxes}; set only task.max_boxes"
+        )
+    values["min_boxes"] = min(values.get("min_boxes", synthetic.SyntheticParams.min_boxes), max_boxes)
+    return synthetic.SyntheticParams(**values)
+
+
+def _plain(cfg) -> dict | None:
+    """DictConfig -> dict (Hydra passes nested configs as DictConfig)."""
+    if cfg is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)

@@ -1,0 +1,65 @@
+"""Shared helpers for tests that run the real CLI (train.py / eval.py) as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+# Command-line overrides that shrink each task to seconds (tiny data, tiny model, one epoch).
+TINY: dict[str, list[str]] = {
+    "vqa": [
+        "task.synthetic.n_train_images=48", "task.synthetic.n_val_images=16", "task.synthetic.n_test_images=16",
+        "task.synthetic.questions_per_image=4", "task.datamodule.batch_size=32", "task.datamodule.eval_batch_size=64",
+        "task.module.hidden_dim=32", "task.module.embed_dim=16", "trainer.max_epochs=1",
+    ],
+    "mlm": [],
+    "headline": [],
+}
+# fast, quiet defaults for every CLI test run
+QUIET = ["logger=csv", "callbacks.progress_bar=null", "trainer.enable_model_summary=false"]
+
+
+def cli_env(tmp_path: Path, data_dir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        ATTNLAB_OUTPUTS=str(tmp_path / "outputs"),
+        ATTNLAB_DATA=str(data_dir),
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+    )
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def run_cli(args: list[str], tmp_path: Path, data_dir: Path, script: str = "train.py",
+            timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / script), *args], cwd=tmp_path, env=cli_env(tmp_path, data_dir),
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{script} {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def metrics_files(outputs: Path) -> list[dict]:
+    return [json.loads(p.read_text()) | {"_dir": p.parent} for p in sorted(outputs.rglob("metrics.json"))]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """One data dir per test session, so generated datasets are cached across CLI runs."""
+    return tmp_path_factory.mktemp("data")

@@ -1,0 +1,118 @@
+"""Analysis callbacks on a tiny real model and Trainer (no mocks): HybridWeights, ExplainedAway."""
+
+import csv
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from attnlab.attention import MultiHeadAttention, attention_weights
+from attnlab.callbacks import ExplainedAway, HybridWeights
+from attnlab.callbacks.explained_away import column_statistics
+
+
+def random_masks(B, S, p, generator):
+    mask = torch.rand(B, S, generator=generator) < p
+    mask[:, 0] = False  # at least one valid position per example
+    return mask
+
+
+def test_column_statistics_dnas_lemma_and_unas_explaining_away():
+    g = torch.Generator().manual_seed(0)
+    B, H, S = 3, 2, 12
+    q = torch.randn(B, H, S, 8, generator=g) * 3
+    k = torch.randn(B, H, S, 8, generator=g) * 3
+    kpm, qpm = random_masks(B, S, 0.3, g), random_masks(B, S, 0.3, g)
+    w = attention_weights(q, k, scheme="dnas", key_padding_mask=kpm, query_padding_mask=qpm)
+    stats = column_statistics(w, kpm, qpm)
+    # lemma: every valid key gets at least 1/S_valid of the total weight
+    assert stats["min_times_S"] >= 1 - 1e-5
+    col = w.masked_fill(qpm[:, None, :, None], 0).sum(2)
+    expected = col[(~kpm)[:, None, :].expand(B, H, S)]
+    torch.testing.assert_close(stats["log_col"], expected.clamp(min=1e-30).log())
+    assert abs(stats["min"] - float(expected.min())) < 1e-6
+
+    # UNAS with one key that every query ignores: it is explained away (column sum ~ 0)
+    q2, k2 = q.clone(), k.clone()
+    q2[..., 0] = 5.0
+    k2[:, :, -1] = 0.0
+    k2[:, :, -1, 0] = -40.0  # score -40*5/sqrt(8) ~ -71 for every query
+    w_unas = attention_weights(q2, k2, scheme="unas")
+    stats_unas = column_statistics(w_unas)
+    assert stats_unas["min"] < 1e-8 and stats_unas["min_times_S"] < 1
+
+
+class TinyAttentionModel(pl.LightningModule):
+    def __init__(self, scheme="hnas"):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 16)
+        self.layers = torch.nn.ModuleList(
+            [MultiHeadAttention(16, 2, spec={"scheme": scheme, "hybrid_init": 0.3}) for _ in range(2)]
+        )
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x, mask):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = h + layer(h, key_padding_mask=mask, query_padding_mask=mask)
+        return self.head(h).squeeze(-1)
+
+    def step(self, batch):
+        x, mask, y = batch
+        return ((self(x, mask) - y) ** 2).masked_fill(mask, 0).mean()
+
+    def training_step(self, batch, _):
+        return self.step(batch)
+
+    def validation_step(self, batch, _):
+        self.log("val/loss", self.step(batch))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.05)
+
+
+def tiny_loader():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 10, 4, generator=g)
+    mask = random_masks(32, 10, 0.3, g)
+    y = x.sum(-1)
+    return DataLoader(TensorDataset(x, mask, y), batch_size=8)
+
+
+def test_callbacks_log_u_and_explained_away_to_a_real_logger(tmp_path):
+    pl.seed_everything(0)
+    model = TinyAttentionModel()
+    hybrid = HybridWeights(every_n_steps=2)
+    trainer = pl.Trainer(
+        max_epochs=2, default_root_dir=tmp_path, logger=pl.loggers.CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[hybrid, ExplainedAway(max_batches=2)], enable_progress_bar=False,
+        enable_checkpointing=False, num_sanity_val_steps=0, enable_model_summary=False,
+    )
+    loader = tiny_loader()
+    trainer.fit(model, loader, loader)
+
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    columns = set(rows[0])
+    for l in range(2):
+        for h in range(2):
+            assert f"hnas/u/layer{l}/head{h}" in columns
+        assert f"explained_away/layer{l}/min_col_sum" in columns
+        assert f"explained_away/layer{l}/share_below_1e-08" in columns
+    # the last logged u is the module's u, and training moved it away from its init
+    final = [float(r["hnas/u/layer1/head0"]) for r in rows if r.get("hnas/u/layer1/head0")][-1]
+    assert abs(final - float(model.layers[1].hybrid_u[0])) < 1e-6
+    assert abs(final - 0.3) > 1e-4
+    assert hybrid.steps[0] == 0 and hybrid.steps[-1] == trainer.global_step
+    assert (tmp_path / "hnas_u.png").stat().st_size > 1000
+    assert (tmp_path / "explained_away.png").stat().st_size > 1000
+    # recording is switched off again after validation: training never materializes weights
+    assert all(not m.record for m in model.layers)
+
+
+def test_hybrid_weights_ignores_models_without_hnas(tmp_path):
+    model = TinyAttentionModel(scheme="unas")
+    hybrid = HybridWeights(every_n_steps=1)
+    trainer = pl.Trainer(max_steps=2, default_root_dir=tmp_path, logger=False, callbacks=[hybrid],
+                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(model, tiny_loader())
+    assert hybrid.steps == [] and not (tmp_path / "hnas_u.png").exists()

@@ -1,0 +1,27 @@
+"""Train and test one configuration, or a sweep with -m.
+
+    python train.py model=hnas task=vqa
+    python train.py -m model=unas,dnas,hnas task=vqa seed=1,2,3
+    python train.py --help          # every config group and option
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+os.environ.setdefault("ATTNLAB_ROOT", ROOT)
+sys.path.insert(0, ROOT)  # `tasks` importable without installing
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from attnlab.runner import run_job, train  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    return run_job(train, cfg)
+
+
+if __name__ == "__main__":
+    main()
