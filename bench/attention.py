@@ -94,7 +94,7 @@ def run_config(method: str, S: int, args) -> dict:
         "--heads", str(args.heads), "--head-dim", str(args.head_dim),
         "--repeats", str(args.repeats), "--threads", str(args.threads),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:80]}
     return json.loads(proc.stdout.strip().splitlines()[-1])

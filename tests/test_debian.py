@@ -21,7 +21,7 @@ UPDATES = FIXTURES / "Translation-en-updates"
 def test_reader_parses_translation_en_fixture():
     records = {r.package: r for r in debian.read_translation_file(MAIN)}
     assert list(records) == [
-        "acorn-tools", "libacorn2", "libacorn-dev", "python3-acorn", "acorn-doc", "birchwood", "tinyclock"
+        "acorn-tools", "libacorn2", "libacorn-dev", "python3-acorn", "acorn-doc", "birchwood", "tinyclock",
     ]
     dev = records["libacorn-dev"]
     assert dev.synopsis == "development files for the Acorn archive format"
@@ -29,8 +29,10 @@ def test_reader_parses_translation_en_fixture():
     # " ." splits paragraphs; continuation lines (verbatim list items too) join with spaces
     assert dev.paragraphs == [
         "Acorn is a small archive format that keeps file permissions and extended attributes.",
-        "This package contains the header files and the static library. Supported features: "
-        "* reading and writing archives * streaming from pipes",
+        (
+            "This package contains the header files and the static library. Supported features: "
+            "* reading and writing archives * streaming from pipes"
+        ),
     ]
     assert records["tinyclock"].paragraphs == []  # synopsis only
     # the last stanza of a file without a trailing blank line is not lost
@@ -74,7 +76,7 @@ def test_split_is_stable_across_processes_and_matches_fractions():
     # a fresh interpreter with another hash seed gives the same splits (no use of hash())
     code = (
         "from tasks.common.debian import split_of; "
-        f"print(','.join(split_of(f'family{{i}}') for i in range(200)))"
+        "print(','.join(split_of(f'family{i}') for i in range(200)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -99,8 +101,8 @@ def test_split_has_no_leak_across_families_or_paragraphs():
         splits_of_family.setdefault(row["family"], set()).add(row["split"])
     assert all(len(s) == 1 for s in splits_of_family.values())
     # every paragraph lands in exactly one split, even when shared by families of two splits
-    rows.append(dict(family="zzz-other", split="test" if rows[0]["split"] != "test" else "val",
-                     paragraphs=[rows[0]["paragraphs"][0], "only here"]))
+    rows.append({"family": "zzz-other", "split": "test" if rows[0]["split"] != "test" else "val",
+                     "paragraphs": [rows[0]["paragraphs"][0], "only here"]})
     per_split = debian.unique_paragraphs(rows)
     seen = [p for ps in per_split.values() for p in ps]
     assert len(seen) == len(set(seen))

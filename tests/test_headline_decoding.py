@@ -168,15 +168,15 @@ def test_tiny_model_memorizes_pairs_and_greedy_reproduces_them(one_thread):
     for row, (s, h) in enumerate(zip(sources, headlines)):
         src[row, : len(s)] = torch.tensor(s)
         tgt[row, : len(h) + 2] = torch.tensor([BOS] + h + [EOS])
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
-    for _ in range(150):
+    for _ in range(50):
         loss = sequence_loss(model(src, tgt[:, :-1]), tgt[:, 1:], PAD)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     model.eval()
-    assert float(loss) < 0.05
+    assert loss.item() < 0.05
     greedy = greedy_decode(model, src, src.eq(PAD), bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10)
     assert strip_generated(greedy, EOS, PAD) == headlines
     beam = beam_search(model, src, src.eq(PAD), bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10,

@@ -1,12 +1,12 @@
 """The packaged WordPiece tokenizer and BERT files."""
 
+from pathlib import Path
+
 import pytest
 
 from attnlab.errors import ConfigError
 from tasks.common import bert_assets
 from tasks.common.debian import read_translation_file
-
-from pathlib import Path
 
 FIXTURE = Path(__file__).parent / "fixtures" / "text" / "Translation-en"
 

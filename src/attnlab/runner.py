@@ -21,6 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab.attention import AttentionSpec, attention_modules
 from attnlab.errors import ConfigError
@@ -59,7 +60,6 @@ def build_loggers(cfg: DictConfig) -> list:
                 kwargs["group"] = (
                     Path(HydraConfig.get().sweep.dir).name if is_multirun() else f"{cfg.task.name}"
                 )
-            kwargs["config"] = OmegaConf.to_container(cfg, resolve=True)
             os.environ.setdefault("WANDB_SILENT", "true")
         loggers.append(hydra.utils.instantiate(conf, **kwargs))
     return loggers
@@ -171,11 +171,14 @@ def train(cfg: DictConfig) -> dict:
 
     callbacks = build_callbacks(cfg)
     loggers = build_loggers(cfg)
+    for logger in loggers:  # the whole composed config, not only the module's hyper-parameters
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     val_score = None
     if cfg.get("train", True):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg))
+        # weights_only=False: our own checkpoints hold the config (DictConfig) in their hparams
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg), weights_only=False)
         ckpt_cb = trainer.checkpoint_callback
         if ckpt_cb is not None and ckpt_cb.best_model_score is not None:
             val_score = float(ckpt_cb.best_model_score)
@@ -222,6 +225,10 @@ def run_job(fn, cfg: DictConfig) -> float | None:
         record = fn(cfg)
         value = record.get("optimized_value")
         return None if value is None else float(value)
+    except SIGTERMException:
+        # preempted: PreemptionCheckpoint wrote last.ckpt; a non-zero exit tells the scheduler
+        finish_wandb()
+        raise SystemExit(143) from None
     except Exception as exc:  # noqa: BLE001 - we report and decide below
         finish_wandb()
         message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"

@@ -29,7 +29,7 @@ def bert_dir() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"the packaged BERT files (Python package {PACKAGE}) are not installed; {INSTALL_HINT}")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     if missing:
         raise ConfigError(f"{folder} lacks {', '.join(missing)}; reinstall: {INSTALL_HINT}")

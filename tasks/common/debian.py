@@ -18,6 +18,7 @@ CLI (what `make data` runs):  python -m tasks.common.debian --data-dir data/debi
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -27,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from attnlab.errors import DataError
 
@@ -122,7 +123,8 @@ def read_translation_file(path: str | Path) -> list[DescriptionRecord]:
                 f"text files instead with task.data.files=[...]"
             )
         proc = subprocess.run(
-            [APT_HELPER, "cat-file", str(path)], capture_output=True, text=True, errors="replace"
+            [APT_HELPER, "cat-file", str(path)], capture_output=True, text=True, errors="replace",
+            check=False,
         )
         if proc.returncode != 0:
             raise DataError(
@@ -275,11 +277,11 @@ def fetch(data_dir: str | Path) -> list[Path]:
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private_conf(data_dir)
     cmd = apt_command(data_dir)
-    print(f"[debian] fetching English package descriptions (~10 MB) into {data_dir / 'apt-lists'}:")
+    print(f"[debian] fetching English package descriptions (~7 MB) into {data_dir / 'apt-lists'}:")
     print("[debian]   " + " ".join(cmd), flush=True)
     start = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except subprocess.TimeoutExpired:
         raise DataError(f"`apt-get update` did not finish in 10 minutes (offline?). {_OFFLINE_HELP}")
     for line in proc.stdout.splitlines():
@@ -332,13 +334,13 @@ def build_rows(files: Sequence[Path], fractions: Sequence[float] = DEFAULT_FRACT
             seen.add(key)
             family = family_of(rec.package)
             rows.append(
-                dict(
-                    package=rec.package,
-                    family=family,
-                    split=split_of(family, fractions),
-                    synopsis=rec.synopsis,
-                    paragraphs=rec.paragraphs,
-                )
+                {
+                    "package": rec.package,
+                    "family": family,
+                    "split": split_of(family, fractions),
+                    "synopsis": rec.synopsis,
+                    "paragraphs": rec.paragraphs,
+                }
             )
     return rows
 
@@ -368,6 +370,18 @@ def prepare(
     records_path = data_dir / RECORDS_FILE
     if is_prepared(data_dir) and not force:
         return records_path
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Parallel jobs of a sweep may all arrive here: one prepares, the others wait and reuse it.
+    with open(data_dir / ".prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(data_dir) and not force:
+            return records_path
+        return _prepare_locked(data_dir, fractions, files, force)
+
+
+def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[str | Path] | None,
+                    force: bool) -> Path:
+    records_path = data_dir / RECORDS_FILE
     if files is None:
         source_files = translation_files(data_dir) if not force else []
         if not source_files:
@@ -383,15 +397,15 @@ def prepare(
         )
     _atomic_write_text(records_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     per_split = {name: sum(r["split"] == name for r in rows) for name in SPLITS}
-    manifest = dict(
-        format_version=FORMAT_VERSION,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        sources=[dict(name=f.name, bytes=f.stat().st_size, sha256=sha256_of(f)) for f in source_files],
-        records=len(rows),
-        records_per_split=per_split,
-        fractions=list(fractions),
-        split_rule="sha256(family_of(package)) -> fractions (train, val, test)",
-    )
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sources": [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_of(f)} for f in source_files],
+        "records": len(rows),
+        "records_per_split": per_split,
+        "fractions": list(fractions),
+        "split_rule": "sha256(family_of(package)) -> fractions (train, val, test)",
+    }
     # The manifest is written last: its presence marks the data as complete.
     _atomic_write_text(data_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     print(f"[debian] wrote {len(rows)} records {per_split} and {data_dir / MANIFEST_FILE}", flush=True)
@@ -418,13 +432,13 @@ def load_rows(data_dir: str | Path, split: str | None = None) -> list[dict]:
 def corpus_stats(rows: Sequence[dict]) -> dict:
     paragraphs = unique_paragraphs(rows)
     all_paragraphs = [p for ps in paragraphs.values() for p in ps]
-    return dict(
-        records=len(rows),
-        families=len({r["family"] for r in rows}),
-        unique_paragraphs=len(all_paragraphs),
-        unique_paragraphs_per_split={k: len(v) for k, v in paragraphs.items()},
-        words=sum(len(p.split()) for p in all_paragraphs),
-    )
+    return {
+        "records": len(rows),
+        "families": len({r["family"] for r in rows}),
+        "unique_paragraphs": len(all_paragraphs),
+        "unique_paragraphs_per_split": {k: len(v) for k, v in paragraphs.items()},
+        "words": sum(len(p.split()) for p in all_paragraphs),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

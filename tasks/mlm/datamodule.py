@@ -3,19 +3,23 @@
 Examples are packed as in BERT/RoBERTa pretraining: consecutive paragraphs fill a sequence of up
 to max_length tokens, `[CLS] p1 [SEP] p2 [SEP] ...` (a paragraph longer than that is truncated and
 stands alone), so batches carry almost no padding and attention sees long contexts. `pack: false`
-gives one paragraph per example instead. Masks are drawn
-when an example is fetched, from an RNG seeded by (seed, epoch, index): every epoch masks the
-training text anew, the same way on every rerun; val/test always use epoch 0 (a fixed eval set).
+gives one paragraph per example instead.
+
+Masks are drawn when an example is fetched, from an RNG seeded by (seed, epoch, index): every
+epoch masks the training text anew, the same way on every rerun; val/test always use epoch 0
+(a fixed evaluation set).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -42,7 +46,7 @@ class PackedText:
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.ids[a:b].astype(np.int64), self.word_ids[a:b]
 
-    def head(self, n: int) -> "PackedText":
+    def head(self, n: int) -> PackedText:
         n = min(n, len(self))
         end = self.offsets[n]
         return PackedText(self.ids[:end], self.word_ids[:end], self.offsets[: n + 1])
@@ -103,7 +107,7 @@ class MaskedTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         ids, word_ids = self.text.example(index)
         ex = mask_example(ids, word_ids, self.masking, example_rng(self.seed, self.epoch, index))
-        return dict(input_ids=torch.from_numpy(ex.input_ids), labels=torch.from_numpy(ex.labels))
+        return {"input_ids": torch.from_numpy(ex.input_ids), "labels": torch.from_numpy(ex.labels)}
 
 
 def pad_collate(pad_id: int):
@@ -116,7 +120,7 @@ def pad_collate(pad_id: int):
             labels[row, : len(b["labels"])] = b["labels"]
         lengths = torch.tensor([len(b["input_ids"]) for b in batch])
         padding_mask = torch.arange(length)[None, :] >= lengths[:, None]  # True = padding
-        return dict(input_ids=ids, labels=labels, padding_mask=padding_mask)
+        return {"input_ids": ids, "labels": labels, "padding_mask": padding_mask}
 
     return collate
 
@@ -167,6 +171,8 @@ class MLMDataModule(pl.LightningDataModule):
         self.files = list(files) if files else None
         self.data_dir = Path(data_dir)
         self.fractions = tuple(float(f) for f in fractions)
+        if int(max_length) < 8:
+            raise ConfigError(f"task.data.max_length={max_length} is too short for [CLS] text [SEP]; use >= 8")
         if not 0 < mask_rate < 1 or int(max_ngram) < 1:
             raise ConfigError(f"mask_rate={mask_rate} must be in (0, 1) and max_ngram={max_ngram} >= 1")
         self.tokenizer = None
@@ -180,13 +186,16 @@ class MLMDataModule(pl.LightningDataModule):
                 if not Path(name).is_file():
                     raise DataError(f"text file {name} (task.data.files) does not exist; fix the path")
             return
-        debian.prepare(self.data_dir, fractions=self.fractions)
+        debian.prepare(self.data_dir)
 
     def _paragraphs(self) -> dict[str, list[str]]:
         if self.files:
             per_split = split_plain_paragraphs(read_plain_text(self.files), self.fractions)
         else:
-            per_split = debian.unique_paragraphs(debian.load_rows(self.data_dir))
+            rows = debian.load_rows(self.data_dir)
+            for row in rows:  # the split of the requested fractions (records.jsonl holds the default)
+                row["split"] = debian.split_of(row["family"], self.fractions)
+            per_split = debian.unique_paragraphs(rows)
         min_words = self.hparams.min_words
         return {k: [p for p in v if len(p.split()) >= min_words] for k, v in per_split.items()}
 
@@ -214,12 +223,12 @@ class MLMDataModule(pl.LightningDataModule):
         manifest = self.data_dir / debian.MANIFEST_FILE
         if not manifest.is_file():
             return None
-        key_parts = dict(
-            sources=json.loads(manifest.read_text()).get("sources"),
-            tokenizer=debian.sha256_of(bert_assets.bert_dir() / "tokenizer.json"),
-            max_length=hp.max_length, pack=hp.pack, min_words=hp.min_words, fractions=self.fractions,
-            version=1,
-        )
+        key_parts = {
+            "sources": json.loads(manifest.read_text()).get("sources"),
+            "tokenizer": debian.sha256_of(bert_assets.bert_dir() / "tokenizer.json"),
+            "max_length": hp.max_length, "pack": hp.pack, "min_words": hp.min_words, "fractions": self.fractions,
+            "version": 1,
+        }
         key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:16]
         return self.data_dir / "cache" / f"mlm-{key}.npz"
 
@@ -235,11 +244,12 @@ class MLMDataModule(pl.LightningDataModule):
                 return {split: PackedText(arrays[f"{split}_ids"], arrays[f"{split}_word_ids"],
                                           arrays[f"{split}_offsets"]) for split in debian.SPLITS}
         hp = self.hparams
-        limits = dict(train=hp.max_train_examples, val=hp.max_eval_examples, test=hp.max_eval_examples)
+        limits = {"train": hp.max_train_examples, "val": hp.max_eval_examples, "test": hp.max_eval_examples}
         texts = {}
         for split, paragraphs in self._paragraphs().items():
-            if limits[split]:  # an example holds at most max_length / 4 paragraphs (>= 3 tokens + [SEP])
-                paragraphs = paragraphs[: int(limits[split]) * max(1, hp.max_length // 4)]
+            if limits[split]:  # a packed example holds at most max_length / 4 paragraphs (>= 3 tokens + [SEP])
+                per_example = max(1, hp.max_length // 4) if hp.pack else 1
+                paragraphs = paragraphs[: int(limits[split]) * per_example]
             if not paragraphs:
                 raise DataError(
                     f"the {split} split of {self.files or self.data_dir} has no paragraphs of >= "
@@ -252,9 +262,10 @@ class MLMDataModule(pl.LightningDataModule):
             arrays = {f"{split}_{name}": getattr(text, name) for split, text in texts.items()
                       for name in ("ids", "word_ids", "offsets")}
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(cache.stem + ".tmp.npz")
-            np.savez(tmp, **arrays)
-            tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+            fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, cache)  # atomic: a crash or a parallel job never leaves a half-written cache
             print(f"[mlm] cached the tokenized corpus in {cache}")
         return texts
 
@@ -273,8 +284,8 @@ class MLMDataModule(pl.LightningDataModule):
     def model_kwargs(self) -> dict:
         if self.tokenizer is None:
             self.setup("fit")
-        return dict(vocab_size=self.tokenizer.get_vocab_size(), pad_id=bert_assets.PAD_ID,
-                    max_length=int(self.hparams.max_length))
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_id": bert_assets.PAD_ID,
+                    "max_length": int(self.hparams.max_length)}
 
     def set_epoch(self, epoch: int) -> None:
         """Called by the module at each training epoch start: new masks for the new epoch."""

@@ -7,8 +7,8 @@ random token with 0.1, and stays itself with 0.1. The loss is taken on every sel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def mask_example(input_ids: Sequence[int], word_ids: Sequence[int | None], cfg: 
     labels = np.full_like(ids, IGNORE)
     if n_tokens == 0:
         return MaskedExample(ids.copy(), labels, [])
-    budget = max(1, int(round(n_tokens * cfg.rate)))
+    budget = max(1, round(n_tokens * cfg.rate))
     probs = cfg.ngram_probs()
 
     # Draw n from p(n), then put the span of n whole words at a random place where it does not

@@ -8,7 +8,8 @@ acc is the accuracy on masked tokens and ppl the perplexity exp(mean cross-entro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -28,17 +29,17 @@ def bert_architecture() -> dict:
     cfg = bert_assets.bert_config()
     if cfg.get("hidden_act", "gelu") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
         raise ConfigError("the packaged BERT uses an activation or position embedding this encoder lacks")
-    return dict(
-        vocab_size=cfg["vocab_size"],
-        d_model=cfg["hidden_size"],
-        num_layers=cfg["num_hidden_layers"],
-        nhead=cfg["num_attention_heads"],
-        dim_feedforward=cfg["intermediate_size"],
-        max_position=cfg["max_position_embeddings"],
-        type_vocab_size=cfg["type_vocab_size"],
-        layer_norm_eps=cfg["layer_norm_eps"],
-        pad_id=cfg["pad_token_id"],
-    )
+    return {
+        "vocab_size": cfg["vocab_size"],
+        "d_model": cfg["hidden_size"],
+        "num_layers": cfg["num_hidden_layers"],
+        "nhead": cfg["num_attention_heads"],
+        "dim_feedforward": cfg["intermediate_size"],
+        "max_position": cfg["max_position_embeddings"],
+        "type_vocab_size": cfg["type_vocab_size"],
+        "layer_norm_eps": cfg["layer_norm_eps"],
+        "pad_id": cfg["pad_token_id"],
+    }
 
 
 class MLMModule(pl.LightningModule):
@@ -70,8 +71,8 @@ class MLMModule(pl.LightningModule):
             raise ConfigError(f"task.init={init!r}; use 'random' (train from scratch) or 'bert' (packaged weights)")
         if optimizer not in ("adamw", "lamb"):
             raise ConfigError(f"task.optimizer={optimizer!r}; use 'adamw' or 'lamb'")
-        sizes = dict(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, nhead=nhead,
-                     dim_feedforward=dim_feedforward, max_position=max_position, pad_id=pad_id)
+        sizes = {"vocab_size": vocab_size, "d_model": d_model, "num_layers": num_layers, "nhead": nhead,
+                     "dim_feedforward": dim_feedforward, "max_position": max_position, "pad_id": pad_id}
         if init == "bert":
             arch = bert_architecture()
             if arch["vocab_size"] != vocab_size:

@@ -16,9 +16,10 @@ A batch is a dict:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
@@ -82,9 +83,17 @@ class MMFStore:
 class VQADataset(Dataset):
     """Encoded questions of one split; `__getitems__` builds a whole batch at once."""
 
-    def __init__(self, split: RawSplit, tokens: torch.Tensor, lengths: torch.Tensor,
-                 answer_ids: torch.Tensor, answer_scores: torch.Tensor, type_ids: torch.Tensor,
-                 num_answers: int, box_coords: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        split: RawSplit,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        answer_ids: torch.Tensor,
+        answer_scores: torch.Tensor,
+        type_ids: torch.Tensor,
+        num_answers: int,
+        box_coords: bool,
+    ) -> None:
         self.split = split
         self.tokens, self.lengths = tokens, lengths
         # Sparse targets (answer index, score), -1 = none: dense (Q x A) would not fit for VQA-v2.
@@ -165,12 +174,25 @@ class VQADataModule(pl.LightningDataModule):
             synthetic.prepare(self.data_dir, self.synthetic_params)
         else:
             for split in ("train", "val"):
+                cfg = self._vqav2_split(split)
                 for key in ("questions", "annotations"):
-                    path = self._vqav2_split(split).get(key)
+                    path = cfg.get(key)
                     if not path or not Path(path).is_file():
                         raise DataError(
                             f"VQA-v2 {split} {key} file not found: {path}; set "
                             f"task.vqav2.{split}.{key} to the official JSON file"
+                        )
+                dirs = cfg.get("feature_dirs") or []
+                if not dirs:
+                    raise ConfigError(
+                        f"task.vqav2.{split}.feature_dirs is empty; give one MMF feature "
+                        f"directory per view (detector), e.g. '[/feats/d1,/feats/d2,/feats/d3]'"
+                    )
+                for directory in dirs:
+                    if not Path(directory).is_dir():
+                        raise DataError(
+                            f"VQA-v2 {split} feature directory not found: {directory}; fix "
+                            f"task.vqav2.{split}.feature_dirs"
                         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -188,8 +210,9 @@ class VQADataModule(pl.LightningDataModule):
         self.question_types = list(synthetic.QUESTION_TYPES)
         raw = {}
         for split in synthetic.SPLITS:
-            store = SyntheticStore(arrays[f"{split}_features"], arrays[f"{split}_bbox"],
-                                   arrays[f"{split}_num_boxes"])  # fmt: skip
+            store = SyntheticStore(
+                arrays[f"{split}_features"], arrays[f"{split}_bbox"], arrays[f"{split}_num_boxes"]
+            )
             raw[split] = RawSplit(
                 questions=arrays[f"{split}_question"].tolist(),
                 answers=arrays[f"{split}_answers"].tolist(),
@@ -204,7 +227,9 @@ class VQADataModule(pl.LightningDataModule):
         if split == "test" and not cfg:
             cfg = self.vqav2.get("val")  # test-dev answers are not public: test on val
         if not cfg:
-            raise ConfigError(f"task.vqav2.{split} is not set; give questions, annotations, feature_dirs")
+            raise ConfigError(
+                f"task.vqav2.{split} is not set; give questions, annotations, feature_dirs"
+            )
         return cfg
 
     def _read_vqav2(self) -> dict[str, RawSplit]:
@@ -213,8 +238,9 @@ class VQADataModule(pl.LightningDataModule):
         for split in ("train", "val", "test"):
             cfg = self._vqav2_split(split)
             records = read_split(cfg["questions"], cfg["annotations"])
-            files = MMFFeatures(cfg.get("feature_dirs") or [], cfg.get("name_pattern", "{image_id}"),
-                                self.max_boxes)  # fmt: skip
+            files = MMFFeatures(
+                cfg.get("feature_dirs") or [], cfg.get("name_pattern", "{image_id}"), self.max_boxes
+            )
             image_ids = np.array([r.image_id for r in records], dtype=np.int64)
             files.check_exist(image_ids)
             if len(image_ids):
@@ -247,8 +273,9 @@ class VQADataModule(pl.LightningDataModule):
         answer_ids = torch.tensor(id_rows, dtype=torch.long).view(-1, MAX_TARGETS)
         scores = torch.tensor(score_rows, dtype=torch.float32).view(-1, MAX_TARGETS)
         type_ids = torch.tensor([self.question_types.index(t) for t in data.question_types])
-        return VQADataset(data, tokens, lengths, answer_ids, scores, type_ids, len(self.answers),
-                          self.box_coords)  # fmt: skip
+        return VQADataset(
+            data, tokens, lengths, answer_ids, scores, type_ids, len(self.answers), self.box_coords
+        )
 
     # --- what the model needs to know --------------------------------------------------------
 
@@ -326,7 +353,9 @@ def synthetic_params(cfg: dict | None, max_boxes: int) -> synthetic.SyntheticPar
             f"task.synthetic.max_boxes={values['max_boxes']} differs from the data module's "
             f"max_boxes={max_boxes}; set only task.max_boxes"
         )
-    values["min_boxes"] = min(values.get("min_boxes", synthetic.SyntheticParams.min_boxes), max_boxes)
+    values["min_boxes"] = min(
+        values.get("min_boxes", synthetic.SyntheticParams.min_boxes), max_boxes
+    )
     return synthetic.SyntheticParams(**values)
 
 

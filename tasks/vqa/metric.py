@@ -22,7 +22,7 @@ import functools
 import itertools
 import re
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -31,12 +31,43 @@ from torchmetrics import Metric
 # --- official answer normalization -----------------------------------------------------------
 
 _NUMBER_WORDS = {
-    "none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
-    "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10",
-}  # fmt: skip
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
 _ARTICLES = {"a", "an", "the"}
-_PUNCTUATION = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<",
-                "@", "`", ",", "?", "!"]  # fmt: skip
+_PUNCTUATION = [
+    ";",
+    "/",
+    "[",
+    "]",
+    '"',
+    "{",
+    "}",
+    "(",
+    ")",
+    "=",
+    "+",
+    "\\",
+    "_",
+    "-",
+    ">",
+    "<",
+    "@",
+    "`",
+    ",",
+    "?",
+    "!",
+]
 # A period is removed unless a digit follows it ("3.5" keeps it); this is what the official
 # pattern does in practice.
 _PERIOD = re.compile(r"\.(?!\d)")
@@ -45,17 +76,112 @@ _DIGIT_COMMA_DIGIT = re.compile(r"\d,\d")
 
 # Contractions in their written form. Annotators often drop (some of) the apostrophes; every such
 # variant maps back to the written form.
-_CONTRACTIONS = """
-ain't aren't can't could've couldn't couldn't've didn't doesn't don't hadn't hadn't've hasn't
-haven't he'd he'd've he'll he's how'd how'll how's i'd i'd've i'll i'm i've isn't it'd it'd've
-it'll it's let's ma'am mightn't mightn't've might've mustn't must've needn't not've o'clock
-oughtn't shan't she'd she'd've she'll she's should've shouldn't shouldn't've somebody'd
-somebody'd've somebody'll somebody's someone'd someone'd've someone'll someone's something'd
-something'd've something'll that's there'd there'd've there're there's they'd they'd've they'll
-they're they've wasn't we'd we'd've we'll we're we've weren't what'll what're what's what've
-when's where'd where's where've who'd who'd've who'll who's who've why'll why're why's won't
-would've wouldn't wouldn't've y'all y'all'd've you'd you'd've you'll you're you've
-""".split()
+_CONTRACTIONS = [
+    "ain't",
+    "aren't",
+    "can't",
+    "could've",
+    "couldn't",
+    "couldn't've",
+    "didn't",
+    "doesn't",
+    "don't",
+    "hadn't",
+    "hadn't've",
+    "hasn't",
+    "haven't",
+    "he'd",
+    "he'd've",
+    "he'll",
+    "he's",
+    "how'd",
+    "how'll",
+    "how's",
+    "i'd",
+    "i'd've",
+    "i'll",
+    "i'm",
+    "i've",
+    "isn't",
+    "it'd",
+    "it'd've",
+    "it'll",
+    "it's",
+    "let's",
+    "ma'am",
+    "mightn't",
+    "mightn't've",
+    "might've",
+    "mustn't",
+    "must've",
+    "needn't",
+    "not've",
+    "o'clock",
+    "oughtn't",
+    "shan't",
+    "she'd",
+    "she'd've",
+    "she'll",
+    "she's",
+    "should've",
+    "shouldn't",
+    "shouldn't've",
+    "somebody'd",
+    "somebody'd've",
+    "somebody'll",
+    "somebody's",
+    "someone'd",
+    "someone'd've",
+    "someone'll",
+    "someone's",
+    "something'd",
+    "something'd've",
+    "something'll",
+    "that's",
+    "there'd",
+    "there'd've",
+    "there're",
+    "there's",
+    "they'd",
+    "they'd've",
+    "they'll",
+    "they're",
+    "they've",
+    "wasn't",
+    "we'd",
+    "we'd've",
+    "we'll",
+    "we're",
+    "we've",
+    "weren't",
+    "what'll",
+    "what're",
+    "what's",
+    "what've",
+    "when's",
+    "where'd",
+    "where's",
+    "where've",
+    "who'd",
+    "who'd've",
+    "who'll",
+    "who's",
+    "who've",
+    "why'll",
+    "why're",
+    "why's",
+    "won't",
+    "would've",
+    "wouldn't",
+    "wouldn't've",
+    "y'all",
+    "y'all'd've",
+    "you'd",
+    "you'd've",
+    "you'll",
+    "you're",
+    "you've",
+]
 
 
 def _apostrophe_variants(word: str) -> list[str]:
@@ -143,13 +269,16 @@ class VQAAccuracy(Metric):
         super().__init__(**kwargs)
         self.question_types = list(question_types)
         n_types = max(len(self.question_types), 1)
-        self.add_state("total_score", default=torch.tensor(0.0, dtype=torch.float64),
-                       dist_reduce_fx="sum")  # fmt: skip
+        self.add_state(
+            "total_score", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("type_score", default=torch.zeros(n_types, dtype=torch.float64),
-                       dist_reduce_fx="sum")  # fmt: skip
-        self.add_state("type_count", default=torch.zeros(n_types, dtype=torch.long),
-                       dist_reduce_fx="sum")  # fmt: skip
+        self.add_state(
+            "type_score", default=torch.zeros(n_types, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state(
+            "type_count", default=torch.zeros(n_types, dtype=torch.long), dist_reduce_fx="sum"
+        )
 
     def update(self, preds, target, question_type: Tensor | Sequence | None = None) -> None:
         """preds: answer strings or (N,) vocabulary indices; target: lists of annotator answers

@@ -31,18 +31,28 @@ FUSIONS = ("attention", "primary", "concat")
 class MultiViewFusion(nn.Module):
     """y_i = LayerNorm(x^P_i + sum_s attn_s(x^P_i, x^s, x^s)), values not projected."""
 
-    def __init__(self, dim: int, num_views: int, spec: AttentionSpec, num_heads: int = 1,
-                 dropout: float = 0.1, primary_view: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        num_views: int,
+        spec: AttentionSpec,
+        num_heads: int = 1,
+        dropout: float = 0.1,
+        primary_view: int = 0,
+    ) -> None:
         super().__init__()
         if not 0 <= primary_view < num_views:
-            raise ConfigError(f"task.primary_view={primary_view} but the data has {num_views} views")
+            raise ConfigError(
+                f"task.primary_view={primary_view} but the data has {num_views} views"
+            )
         if num_views < 2:
             raise ConfigError("attention fusion needs at least 2 views; use task.fusion=primary")
         self.primary_view = primary_view
         self.secondary_views = [v for v in range(num_views) if v != primary_view]
         self.attention = nn.ModuleList(
-            MultiHeadAttention(dim, num_heads, spec=spec, dropout=dropout, kdim=dim, vdim=dim,
-                               project_values=False)  # fmt: skip
+            MultiHeadAttention(
+                dim, num_heads, spec=spec, dropout=dropout, kdim=dim, vdim=dim, project_values=False
+            )
             for _ in self.secondary_views
         )
         self.norm = nn.LayerNorm(dim)
@@ -127,8 +137,9 @@ class VQAModel(nn.Module):
         self.fusion_mode = fusion
         self.primary_view = primary_view
         if fusion == "attention":
-            self.fusion = MultiViewFusion(feature_dim, num_views, spec, fusion_heads,
-                                          fusion_dropout, primary_view)  # fmt: skip
+            self.fusion = MultiViewFusion(
+                feature_dim, num_views, spec, fusion_heads, fusion_dropout, primary_view
+            )
         else:  # the same box normalization as the fused path, so only the fusion differs
             self.box_norm = nn.LayerNorm(feature_dim)
         self.question = QuestionEncoder(vocab_size, embed_dim, hidden_dim, rnn)
@@ -152,8 +163,9 @@ class VQAModel(nn.Module):
         b, v, n, d = features.shape  # concat: 3 x 100 boxes
         return self.box_norm(features.reshape(b, v * n, d)), box_mask.reshape(b, v * n)
 
-    def forward(self, features: Tensor, box_mask: Tensor, question: Tensor,
-                question_length: Tensor) -> Tensor:  # fmt: skip
+    def forward(
+        self, features: Tensor, box_mask: Tensor, question: Tensor, question_length: Tensor
+    ) -> Tensor:
         boxes, mask = self.boxes(features, box_mask)
         q = self.question_dropout(self.question(question, question_length))
         image = self.top_down(boxes, mask, q)

@@ -7,7 +7,8 @@ benchmark, yes_no/number/other on VQA-v2).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -65,8 +66,9 @@ class VQAModule(pl.LightningModule):
         self.test_acc = VQAAccuracy(self.question_types)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(batch["features"], batch["box_mask"], batch["question"],
-                          batch["question_length"])  # fmt: skip
+        return self.model(
+            batch["features"], batch["box_mask"], batch["question"], batch["question_length"]
+        )
 
     def _loss(self, logits: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         # BCE over answers on soft scores, summed over the vocabulary (the VQA/Pythia "logit BCE").

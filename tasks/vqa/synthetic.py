@@ -59,10 +59,14 @@ ATTRIBUTES = {
 ATTRIBUTE_NAMES = tuple(ATTRIBUTES)
 # How clearly each view sees each attribute (signal amplitude against unit-variance noise
 # scaled by `attribute_noise`): 1.0 sharp, 0.5 usable, 0.15 almost nothing.
-#                       shape color size  material
-SHARPNESS = np.array([[1.00, 0.15, 1.00, 0.15],  # view 0, primary
-                      [0.50, 1.00, 0.15, 0.50],  # view 1
-                      [0.15, 0.50, 0.50, 1.00]])  # view 2  # fmt: skip
+#   columns: shape, color, size, material
+SHARPNESS = np.array(
+    [
+        [1.00, 0.15, 1.00, 0.15],  # view 0, primary
+        [0.50, 1.00, 0.15, 0.50],  # view 1
+        [0.15, 0.50, 0.50, 1.00],  # view 2
+    ]
+)
 POSITION_FREQUENCIES = (1, 2, 3)  # Fourier features of the box centre: what views match on
 
 
@@ -89,13 +93,21 @@ class SyntheticParams:
     def __post_init__(self) -> None:
         problems = []
         if not 1 <= self.min_boxes <= self.max_boxes:
-            problems.append(f"need 1 <= min_boxes ({self.min_boxes}) <= max_boxes ({self.max_boxes})")
+            problems.append(
+                f"need 1 <= min_boxes ({self.min_boxes}) <= max_boxes ({self.max_boxes})"
+            )
         if not 1 <= self.min_objects <= self.max_objects:
-            problems.append(f"need 1 <= min_objects <= max_objects, got {self.min_objects}, {self.max_objects}")
+            problems.append(
+                f"need 1 <= min_objects <= max_objects, got {self.min_objects}, {self.max_objects}"
+            )
         if 2 * self.max_objects > self.min_boxes:
-            problems.append(f"min_boxes ({self.min_boxes}) must hold 2 x max_objects ({self.max_objects}) boxes (duplicates)")
+            problems.append(
+                f"min_boxes ({self.min_boxes}) must hold 2 x max_objects ({self.max_objects}) boxes (duplicates)"
+            )
         if self.feature_dim < _descriptor_dim():
-            problems.append(f"feature_dim ({self.feature_dim}) must be >= {_descriptor_dim()} so features keep the scene information")
+            problems.append(
+                f"feature_dim ({self.feature_dim}) must be >= {_descriptor_dim()} so features keep the scene information"
+            )
         for name in ("primary_recall", "secondary_recall", "duplicate_rate", "annotator_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name}={getattr(self, name)} is outside [0, 1]")
@@ -103,10 +115,12 @@ class SyntheticParams:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if problems:
-            raise ConfigError("task.synthetic: " + "; ".join(problems))  # fmt: skip
+            raise ConfigError("task.synthetic: " + "; ".join(problems))
 
     def digest(self) -> str:
-        payload = json.dumps({**dataclasses.asdict(self), "version": GENERATOR_VERSION}, sort_keys=True)
+        payload = json.dumps(
+            {**dataclasses.asdict(self), "version": GENERATOR_VERSION}, sort_keys=True
+        )
         return hashlib.sha1(payload.encode()).hexdigest()[:12]
 
 
@@ -163,7 +177,11 @@ def generate(params: SyntheticParams) -> dict[str, np.ndarray]:
     (I, V, N, 4), `<split>_num_boxes` (I, V), `<split>_question`, `<split>_answers` (Q, 10),
     `<split>_question_type`, `<split>_image` (Q,) index of the question's image."""
     extractors = _extractors(np.random.default_rng(params.seed), params)
-    sizes = {"train": params.n_train_images, "val": params.n_val_images, "test": params.n_test_images}
+    sizes = {
+        "train": params.n_train_images,
+        "val": params.n_val_images,
+        "test": params.n_test_images,
+    }
     out: dict[str, np.ndarray] = {}
     for s, split in enumerate(SPLITS):
         rng = np.random.default_rng([params.seed, s + 1])
@@ -375,11 +393,26 @@ def _comparison(rng, scene):
     return question, "yes" if same else "no"
 
 
-_MAKERS = {"existence": _existence, "counting": _counting, "attribute": _attribute,
-           "comparison": _comparison}  # fmt: skip
+_MAKERS = {
+    "existence": _existence,
+    "counting": _counting,
+    "attribute": _attribute,
+    "comparison": _comparison,
+}
 
-_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-                 "ten")  # fmt: skip
+_NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+)
 
 
 def _annotate(rng, answer: str, noise: float) -> list[str]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -51,7 +51,9 @@ def _read_json(path: str | os.PathLike, top_key: str) -> list[dict]:
     return data[top_key]
 
 
-def read_split(questions_path: str | os.PathLike, annotations_path: str | os.PathLike) -> list[QuestionRecord]:
+def read_split(
+    questions_path: str | os.PathLike, annotations_path: str | os.PathLike
+) -> list[QuestionRecord]:
     """Join the questions and annotations JSON files of one split on question_id."""
     questions = _read_json(questions_path, "questions")
     annotations = _read_json(annotations_path, "annotations")
@@ -88,9 +90,13 @@ def read_split(questions_path: str | os.PathLike, annotations_path: str | os.Pat
 class MMFFeatures:
     """Per-image box features of several views (detectors), loaded from disk on demand."""
 
-    def __init__(self, view_dirs: Sequence[str | os.PathLike], name_pattern: str, max_boxes: int = 100) -> None:
+    def __init__(
+        self, view_dirs: Sequence[str | os.PathLike], name_pattern: str, max_boxes: int = 100
+    ) -> None:
         if not view_dirs:
-            raise ConfigError("task.vqav2: give at least one feature directory per view (feature_dirs)")
+            raise ConfigError(
+                "task.vqav2: give at least one feature directory per view (feature_dirs)"
+            )
         self.view_dirs = [Path(d) for d in view_dirs]
         self.name_pattern = name_pattern
         self.max_boxes = int(max_boxes)
@@ -152,20 +158,28 @@ class MMFFeatures:
         feature_path, info_path = self.paths(view, image_id)
         feats = _load_npy(feature_path)
         if feats.ndim != 2 or not np.issubdtype(feats.dtype, np.number):
-            raise DataError(f"{feature_path}: expected an N x D numeric array, got {feats.dtype} {feats.shape}")
+            raise DataError(
+                f"{feature_path}: expected an N x D numeric array, got {feats.dtype} {feats.shape}"
+            )
         info = _load_npy(info_path, allow_pickle=True)
         if info.shape == () and info.dtype == object:
             info = info.item()
         if not isinstance(info, dict):
-            raise DataError(f"{info_path}: expected a pickled dict (bbox, num_boxes, image_width, image_height)")
+            raise DataError(
+                f"{info_path}: expected a pickled dict (bbox, num_boxes, image_width, image_height)"
+            )
         missing = [k for k in ("bbox", "num_boxes", "image_width", "image_height") if k not in info]
         if missing:
-            raise DataError(f"{info_path}: missing keys {missing}; MMF info files hold bbox, num_boxes, image_width, image_height")
+            raise DataError(
+                f"{info_path}: missing keys {missing}; MMF info files hold bbox, num_boxes, image_width, image_height"
+            )
         bbox = np.asarray(info["bbox"], dtype=np.float32).reshape(-1, 4)
         n = min(int(info["num_boxes"]), len(feats), len(bbox), self.max_boxes)
         width, height = float(info["image_width"]), float(info["image_height"])
         if width <= 0 or height <= 0:
-            raise DataError(f"{info_path}: image_width/image_height must be positive, got {width} x {height}")
+            raise DataError(
+                f"{info_path}: image_width/image_height must be positive, got {width} x {height}"
+            )
         out_feats = np.zeros((self.max_boxes, feats.shape[1]), np.float32)
         out_feats[:n] = feats[:n]
         out_boxes = np.zeros((self.max_boxes, 4), np.float32)
@@ -175,8 +189,12 @@ class MMFFeatures:
 
 def _load_npy(path: Path, allow_pickle: bool = False) -> np.ndarray:
     if not path.is_file():
-        raise DataError(f"VQA-v2 feature file not found: {path}; check task.vqav2 feature_dirs / name_pattern")
+        raise DataError(
+            f"VQA-v2 feature file not found: {path}; check task.vqav2 feature_dirs / name_pattern"
+        )
     try:
         return np.load(path, allow_pickle=allow_pickle)
     except Exception as err:  # ValueError, EOFError, UnpicklingError, OSError: all mean corrupt
-        raise DataError(f"corrupt feature file {path} ({type(err).__name__}: {err}); re-extract it") from err
+        raise DataError(
+            f"corrupt feature file {path} ({type(err).__name__}: {err}); re-extract it"
+        ) from err

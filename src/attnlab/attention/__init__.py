@@ -9,13 +9,13 @@ from attnlab.attention.mha import MultiHeadAttention, attention_modules
 from attnlab.attention.spec import QUERY_NORMALIZED, SCHEMES, AttentionSpec
 
 __all__ = [
-    "attend",
-    "attention_weights",
-    "MultiHeadAttention",
-    "TransformerEncoderLayer",
-    "TransformerDecoderLayer",
-    "attention_modules",
-    "AttentionSpec",
-    "SCHEMES",
     "QUERY_NORMALIZED",
+    "SCHEMES",
+    "AttentionSpec",
+    "MultiHeadAttention",
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
+    "attend",
+    "attention_modules",
+    "attention_weights",
 ]

@@ -24,10 +24,11 @@ class MultiHeadAttention(nn.Module):
     `project_values=False` attends over the raw `value` features (no v_proj, no out_proj): the
     heads split vdim and the output has vdim features.
 
-    Attention dropout (training only) drops attention weights. For dnas/hnas it is applied to
-    each scheme's weights separately (HNAS output = u * drop(pi_dnas) V + (1-u) * drop(pi_unas) V);
-    with dropout active the dnas part runs through SDPA with a differentiable bias, which is
-    exact but materializes S x S (see efficient.py); with dropout 0 nothing is materialized.
+    Attention dropout (training only) drops attention weights; for hnas each scheme's weights
+    separately (output = u * drop(pi_dnas) V + (1-u) * drop(pi_unas) V, same mask). The CPU
+    flash kernel has no dropout, so with dropout > 0 in training attention runs on the exact
+    materialized reference (O(S^2) memory, fine for the tasks' lengths); in eval, or with
+    dropout 0, the fused path materializes nothing.
     """
 
     def __init__(
@@ -160,13 +161,13 @@ class MultiHeadAttention(nn.Module):
             masked = column_sums.masked_fill(key_padding_mask[:, None, :], float("inf"))
         else:
             masked = column_sums
-        self.recorded = dict(
-            weights=weights,
-            key_padding_mask=key_padding_mask,
-            query_padding_mask=query_padding_mask,
-            column_sums=column_sums,
-            min_column_sum=masked.amin(dim=-1),  # (B, H), over valid keys (inf if none)
-        )
+        self.recorded = {
+            "weights": weights,
+            "key_padding_mask": key_padding_mask,
+            "query_padding_mask": query_padding_mask,
+            "column_sums": column_sums,
+            "min_column_sum": masked.amin(dim=-1),  # (B, H), over valid keys (inf if none)
+        }
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:

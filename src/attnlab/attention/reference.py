@@ -128,11 +128,11 @@ def reference_attend(
         weights = torch.nn.functional.dropout(weights, p=dropout_p)
     with torch.autocast(device_type=v.device.type, enabled=False):
         out = torch.matmul(weights, v.to(weights.dtype))
-    return out.to(v.dtype if v.dtype == torch.float64 else _output_dtype(v))
+    return out.to(output_dtype(v))
 
 
-def _output_dtype(v: Tensor) -> torch.dtype:
-    """Under autocast the output takes the autocast dtype, like a fused kernel would."""
-    if torch.is_autocast_enabled(v.device.type):
+def output_dtype(v: Tensor) -> torch.dtype:
+    """The input dtype, or under autocast the autocast dtype (as a fused kernel would give)."""
+    if v.dtype != torch.float64 and torch.is_autocast_enabled(v.device.type):
         return torch.get_autocast_dtype(v.device.type)
     return v.dtype

@@ -6,8 +6,9 @@ decides itself *where* the spec applies; everything else stays `unas`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from attnlab.errors import ConfigError
 
@@ -54,7 +55,7 @@ class AttentionSpec:
         return self.scheme in QUERY_NORMALIZED
 
     @classmethod
-    def from_config(cls, cfg: "AttentionSpec | Mapping[str, Any] | str | None") -> "AttentionSpec":
+    def from_config(cls, cfg: AttentionSpec | Mapping[str, Any] | str | None) -> AttentionSpec:
         """Build from a spec, a scheme name, or a (Dict)Config such as the composed `model` group.
 
         Keys that are not fields (e.g. `name`, a display name for output dirs) are ignored;

@@ -1,0 +1,115 @@
+"""VQA model: the multi-view fusion layer and one training run per fusion mode."""
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from attnlab.attention import AttentionSpec, MultiHeadAttention, attention_modules
+from attnlab.errors import ConfigError
+from tasks.vqa.datamodule import VQADataModule
+from tasks.vqa.model import MultiViewFusion, VQAModel
+from tasks.vqa.module import VQAModule
+
+TINY = {
+    "n_train_images": 16,
+    "n_val_images": 4,
+    "n_test_images": 4,
+    "questions_per_image": 4,
+    "max_boxes": 20,
+    "min_boxes": 12,
+    "max_objects": 6,
+}
+
+
+def boxes(batch=2, views=3, n=7, dim=12, padded=(5, 6, 4)):
+    features = torch.randn(batch, views, n, dim)
+    mask = torch.zeros(batch, views, n, dtype=torch.bool)
+    for v, valid in enumerate(padded):
+        mask[1, v, valid:] = True  # second example: padded boxes in every view
+        features[1, v, valid:] = 0
+    return features, mask
+
+
+@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
+def test_fusion_output_is_primary_plus_attended_raw_secondary_features(scheme):
+    torch.manual_seed(0)
+    spec = AttentionSpec(scheme=scheme)
+    fusion = MultiViewFusion(12, num_views=3, spec=spec, dropout=0.1).eval()
+    features, mask = boxes()
+    out, out_mask = fusion(features, mask)
+    assert out.shape == (2, 7, 12) and torch.equal(out_mask, mask[:, 0])
+    assert torch.isfinite(out).all()
+    # y_i = LayerNorm(x^P_i + sum_s sum_j pi^s_ij x^s_j): rebuild it from the recorded weights
+    for attn in fusion.attention:
+        attn.record = True
+    fusion(features, mask)
+    total = features[:, 0].clone()
+    for view, attn in zip((1, 2), fusion.attention):
+        weights = attn.recorded["weights"][:, 0]  # (B, N_q, N_k), one head
+        assert weights[1, :, 4 if view == 2 else 6 :].abs().max() == 0  # padded keys: no weight
+        total += weights @ features[:, view]
+    torch.testing.assert_close(out, fusion.norm(total), atol=1e-5, rtol=1e-5)
+
+
+def test_fusion_has_one_attention_layer_per_secondary_view_without_value_projection():
+    model = VQAModel(
+        AttentionSpec("hnas"), vocab_size=10, num_answers=5, feature_dim=12, num_views=3
+    )
+    layers = attention_modules(model)
+    assert [name for name, _ in layers] == ["fusion.attention.0", "fusion.attention.1"]
+    for _, layer in layers:
+        assert isinstance(layer, MultiHeadAttention)
+        assert layer.v_proj is None and layer.num_heads == 1 and layer.dropout == 0.1
+        assert layer.hybrid_u.tolist() == pytest.approx([0.5])
+    assert attention_modules(VQAModel(AttentionSpec("hnas"), 10, 5, 12, 3, fusion="concat")) == []
+
+
+def test_unknown_fusion_is_a_config_error():
+    with pytest.raises(ConfigError, match="task.fusion"):
+        VQAModel(AttentionSpec(), 10, 5, 12, 3, fusion="sum")
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    dm = VQADataModule(
+        str(tmp_path_factory.mktemp("vqa")), synthetic=TINY, batch_size=16, max_boxes=20
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize("fusion", ["attention", "primary", "concat"])
+def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
+    pl.seed_everything(0)
+    module = VQAModule(
+        {"scheme": "hnas", "hybrid_init": 0.5},
+        fusion=fusion,
+        embed_dim=16,
+        hidden_dim=32,
+        attention_dim=16,
+        **tiny_data.model_kwargs(),
+    )
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=tiny_data)
+    metrics = trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and 0.0 <= metrics["val/acc"] <= 1.0
+    changed = [n for n, p in module.named_parameters() if not torch.equal(p, before[n])]
+    assert "model.classifier.3.weight" in changed
+    if fusion == "attention":  # gradients reach the fusion attention, u included
+        assert "model.fusion.attention.0.hybrid_logit" in changed
+        assert "model.fusion.attention.1.k_proj.weight" in changed
+    for name, param in module.named_parameters():
+        assert torch.isfinite(param).all(), name
+    result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
+    types = {f"test/acc_{t}" for t in ("existence", "counting", "attribute", "comparison")}
+    assert "test/acc" in result and types & set(result)
