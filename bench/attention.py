@@ -4,8 +4,11 @@
     python bench/attention.py --quick    # S in 128, 512
 
 B=8, H=12, d=64, float32, `torch.set_num_threads(--threads)`. Each (method, S) runs in a fresh
-subprocess so that its peak memory (ru_maxrss of the child) is its own. Times are medians of
---repeats runs after one warm-up; every ratio is to UNAS-SDPA measured in the same run.
+subprocess so that its peak memory (ru_maxrss of the child) is its own. On a shared machine wall
+time follows the load of the moment, so the subprocesses of one S run in --rounds interleaved
+rounds (every method once per round, --repeats timed runs each after a small warm-up) and the
+table gives the median over all runs, of wall time and of CPU time (the process's user + system
+time, which counts only the time it actually ran). Every ratio is to UNAS-SDPA of the same run.
 Materialized methods whose S x S tensors would not fit --max-materialized-gib are skipped.
 The Markdown table is printed and written to bench/results/attention-<time>.md.
 """
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -37,7 +39,7 @@ QUICK_LENGTHS = (128, 512)
 
 
 def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, threads: int) -> dict:
-    """Time one method in this (fresh) process; returns times in seconds and peak RSS in GiB."""
+    """Time one method in this (fresh) process: lists of wall and CPU seconds, peak RSS in GiB."""
     import torch
     import torch.nn.functional as F
 
@@ -46,43 +48,51 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
     from attnlab.attention import attend
     from attnlab.attention.reference import reference_attend
 
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, S, d, requires_grad=True) for _ in range(3))
-    u = torch.full((1, H, 1, 1), 0.5, requires_grad=True)
-
     def unas_naive(q, k, v):
         w = torch.softmax(q @ k.transpose(-2, -1) / d**0.5, dim=-1)
         return w @ v
 
-    fn = {
-        "unas_sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
-        "unas_naive": lambda: unas_naive(q, k, v),
-        "dnas_reference": lambda: reference_attend(q, k, v, "dnas"),
-        "hnas_reference": lambda: reference_attend(q, k, v, "hnas", u=u),
-        "dnas_efficient": lambda: attend(q, k, v, "dnas"),
-        "hnas_efficient": lambda: attend(q, k, v, "hnas", u=u),
-    }[method]
-    grad_out = torch.randn(B, H, S, d)
+    methods = {
+        "unas_sdpa": lambda q, k, v, u: F.scaled_dot_product_attention(q, k, v),
+        "unas_naive": lambda q, k, v, u: unas_naive(q, k, v),
+        "dnas_reference": lambda q, k, v, u: reference_attend(q, k, v, "dnas"),
+        "hnas_reference": lambda q, k, v, u: reference_attend(q, k, v, "hnas", u=u),
+        "dnas_efficient": lambda q, k, v, u: attend(q, k, v, "dnas"),
+        "hnas_efficient": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
+    }
+    fn = methods[method]
 
-    def forward():
+    def inputs(length):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, length, d, requires_grad=True) for _ in range(3))
+        u = torch.full((1, H, 1, 1), 0.5, requires_grad=True)
+        return q, k, v, u
+
+    def forward(q, k, v, u):
         with torch.no_grad():
-            fn()
+            fn(q, k, v, u)
 
-    def forward_backward():
-        out = fn()
-        out.backward(grad_out)
-        for x in (q, k, v, u):
-            x.grad = None
+    def forward_backward(q, k, v, u):
+        fn(q, k, v, u).backward(torch.ones(B, H, q.shape[-2], d))
 
+    # Warm up kernels, threads and allocator on a small problem, then time the real one.
+    small = inputs(min(S, 64))
+    forward(*small)
+    forward_backward(*small)
+    del small
+    tensors = inputs(S)
     result = {}
     for name, step in (("fwd", forward), ("fwdbwd", forward_backward)):
-        step()  # warm-up
-        times = []
+        wall, cpu = [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        result[name] = statistics.median(times)
+            t0, c0 = time.perf_counter(), time.process_time()
+            step(*tensors)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            for x in tensors:
+                x.grad = None
+        result[name] = wall
+        result[name + "_cpu"] = cpu
     # ru_maxrss is in KiB on Linux.
     result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return result
@@ -100,12 +110,23 @@ def run_config(method: str, S: int, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def fmt_ratio(res: dict, base: dict, key: str) -> str:
+def merge(runs: list[dict]) -> dict:
+    """Median over all timed runs of all rounds; peak memory: the largest."""
+    if any("error" in r for r in runs):
+        return next(r for r in runs if "error" in r)
+    merged = {key: statistics.median(x for r in runs for x in r[key])
+              for key in ("fwd", "fwd_cpu", "fwdbwd", "fwdbwd_cpu")}
+    merged["peak_gib"] = max(r["peak_gib"] for r in runs)
+    return merged
+
+
+def cell(res: dict, base: dict, key: str) -> str:
     if "error" in res or "skipped" in res:
         return res.get("skipped") or res["error"]
     if key == "peak_gib":
         return f"{res[key]:.2f} GiB ({res[key] / base[key]:.2f}x)"
-    return f"{res[key]:.3f} s ({res[key] / base[key]:.2f}x)"
+    wall, cpu = res[key], res[key + "_cpu"]
+    return f"{wall:.3f} s ({wall / base[key]:.2f}x); cpu {cpu / base[key + '_cpu']:.2f}x"
 
 
 def main() -> None:
@@ -116,9 +137,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per subprocess")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved subprocess rounds")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-materialized-gib", type=float, default=10.0)
+    parser.add_argument("--max-materialized-gib", type=float, default=8.0)
     parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -133,27 +155,32 @@ def main() -> None:
     methods = ["unas_sdpa"] + [m for m in args.methods if m != "unas_sdpa"]
     rows = []
     for S in lengths:
-        results = {}
+        runs: dict[str, list] = {m: [] for m in methods}
+        skipped = {}
         for method in methods:
             copies = MATERIALIZED_COPIES.get(method, 0)
             est = copies * args.batch * args.heads * S * S * 4 / 2**30
             if est > args.max_materialized_gib:
-                results[method] = {"skipped": f"skipped (~{est:.0f} GiB)"}
-            else:
-                results[method] = run_config(method, S, args)
-            print(f"S={S} {method}: {results[method]}", file=sys.stderr, flush=True)
+                skipped[method] = {"skipped": f"skipped (~{est:.0f} GiB)"}
+        for _ in range(args.rounds):
+            for method in methods:
+                if method not in skipped:
+                    runs[method].append(run_config(method, S, args))
+                    print(f"S={S} {method}: {runs[method][-1]}", file=sys.stderr, flush=True)
+        results = {m: skipped.get(m) or merge(runs[m]) for m in methods}
         base = results["unas_sdpa"]
         if "error" in base:
             raise SystemExit(f"UNAS-SDPA failed at S={S}: {base['error']}")
         for method in methods:
             res = results[method]
             rows.append(
-                f"| {S} | {METHODS[method]} | {fmt_ratio(res, base, 'fwd')} | "
-                f"{fmt_ratio(res, base, 'fwdbwd')} | {fmt_ratio(res, base, 'peak_gib')} |"
+                f"| {S} | {METHODS[method]} | {cell(res, base, 'fwd')} | "
+                f"{cell(res, base, 'fwdbwd')} | {cell(res, base, 'peak_gib')} |"
             )
     header = (
         f"B={args.batch}, H={args.heads}, d={args.head_dim}, float32, {args.threads} threads, "
-        f"median of {args.repeats}; ratios to UNAS-SDPA of the same S in this run; "
+        f"median of {args.rounds} interleaved rounds x {args.repeats} runs; wall time (ratio) and "
+        f"CPU-time ratio, both to UNAS-SDPA of the same S in this run; "
         f"peak = max RSS of the fresh process (fwd+bwd)\n\n"
         "| S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|"
     )
@@ -167,5 +194,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "2")
     main()

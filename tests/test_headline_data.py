@@ -27,7 +27,9 @@ def test_gigaword_reads_aligned_lines_verbatim():
     valid = gigaword.read_split(GIGAWORD, "valid")
     assert [p.headline for p in valid] == ["central bank holds rates steady", "ferry runs aground"]
     # The format's markers survive: `#` for digits and `UNK` for rare words.
-    assert valid[0].article.startswith("the central bank left its key interest rate at #.## percent")
+    assert valid[0].article.startswith(
+        "the central bank left its key interest rate at #.## percent"
+    )
     assert "UNK" in valid[0].article.split()
     assert [p.source_id for p in valid] == ["valid:1", "valid:2"]
 
@@ -97,7 +99,11 @@ def test_debian_pairs_filter_dedupe_and_text(tmp_path):
     # tinyword (6 words), verbose-doc (>60 words) and nosynopsis-text (no long description) are
     # out; libquux1 repeats libquux-dev's description word for word, so only one of them stays.
     assert sorted(by_package) == [
-        "aptitude-lite", "libquux-dev", "python3-weatherkit", "quux-tools", "stargazer",
+        "aptitude-lite",
+        "libquux-dev",
+        "python3-weatherkit",
+        "quux-tools",
+        "stargazer",
     ]
     assert pairs.load_pairs(out, "val") == [] and pairs.load_pairs(out, "test") == []
     weather = by_package["python3-weatherkit"]

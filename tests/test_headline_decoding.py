@@ -8,17 +8,39 @@ import pytest
 import torch
 
 from attnlab.errors import ConfigError
-from tasks.headline.decoding import beam_search, greedy_decode, length_penalty_factor, strip_generated
+from tasks.headline.decoding import (
+    beam_search,
+    greedy_decode,
+    length_penalty_factor,
+    strip_generated,
+)
 from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import make_rouge, rouge_f1
 
 PAD, BOS, EOS = 0, 1, 2
 
 
+@pytest.fixture
+def one_thread():
+    # Tiny tensors run faster on one thread, above all when the cores are shared.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_model(vocab=40, attention="hnas", seed=0, **kwargs):
     torch.manual_seed(seed)
-    args = dict(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64,
-                dropout=0.0, max_source_positions=16, max_target_positions=12)
+    args = {
+        "d_model": 32,
+        "nhead": 4,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "dim_feedforward": 64,
+        "dropout": 0.0,
+        "max_source_positions": 16,
+        "max_target_positions": 12,
+    }
     args.update(kwargs)
     return HeadlineTransformer(vocab, PAD, attention=attention, **args).eval()
 
@@ -43,7 +65,7 @@ def test_query_normalized_encoder_attention_is_allowed():
     assert all(layer.cross_attn.scheme == "unas" for layer in model.decoder_layers)
 
 
-def test_beam_one_equals_greedy_exactly():
+def test_beam_one_equals_greedy_exactly(one_thread):
     model = tiny_model()
     with torch.no_grad():
         # Weights of std 0.2 instead of 0.02 give peaked next-token distributions, and a nudge
@@ -57,8 +79,17 @@ def test_beam_one_equals_greedy_exactly():
     lengths = [len(r) for r in strip_generated(greedy, EOS, PAD)]
     assert min(lengths) < 10 and max(lengths) == 10, lengths  # both kinds of rows are covered
     for alpha in (0.0, 0.6, 2.0):
-        beam = beam_search(model, src, mask, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10,
-                           beam_size=1, length_penalty=alpha)
+        beam = beam_search(
+            model,
+            src,
+            mask,
+            bos_id=BOS,
+            eos_id=EOS,
+            pad_id=PAD,
+            max_length=10,
+            beam_size=1,
+            length_penalty=alpha,
+        )
         assert torch.equal(beam, greedy)
 
 
@@ -95,8 +126,17 @@ def test_wide_beam_finds_the_exact_best_sequence(alpha):
     ]
     scores, lengths = _sequence_log_probs(model, src, mask, sequences)
     best = sequences[int((scores / length_penalty_factor(lengths, alpha)).argmax())]
-    got = beam_search(model, src, mask, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=max_length,
-                      beam_size=vocab**max_length, length_penalty=alpha)
+    got = beam_search(
+        model,
+        src,
+        mask,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        max_length=max_length,
+        beam_size=vocab**max_length,
+        length_penalty=alpha,
+    )
     row = got[0].tolist()
     row = row[: row.index(EOS) + 1] if EOS in row else row
     assert row == best
@@ -123,7 +163,7 @@ MORE_PAIRS = [
 
 
 def test_rouge_hand_checked_values():
-    (pred, ref, expected), = HAND_CHECKED
+    ((pred, ref, expected),) = HAND_CHECKED
     scores = rouge_f1(make_rouge()([pred], [ref]))
     assert [scores[k] for k in ("rouge1", "rouge2", "rougeL")] == pytest.approx(expected, abs=1e-6)
 
@@ -144,15 +184,6 @@ def test_rouge_matches_rouge_score_package():
     corpus = rouge_f1(metric.compute())
     for key, values in reference.items():
         assert corpus[key] == pytest.approx(sum(values) / len(values), abs=1e-6)
-
-
-@pytest.fixture
-def one_thread():
-    # Tiny tensors run faster on one thread, above all when the cores are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_tiny_model_memorizes_pairs_and_greedy_reproduces_them(one_thread):
@@ -177,8 +208,19 @@ def test_tiny_model_memorizes_pairs_and_greedy_reproduces_them(one_thread):
         optimizer.step()
     model.eval()
     assert loss.item() < 0.05
-    greedy = greedy_decode(model, src, src.eq(PAD), bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10)
+    greedy = greedy_decode(
+        model, src, src.eq(PAD), bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10
+    )
     assert strip_generated(greedy, EOS, PAD) == headlines
-    beam = beam_search(model, src, src.eq(PAD), bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=10,
-                       beam_size=3, length_penalty=0.6)
+    beam = beam_search(
+        model,
+        src,
+        src.eq(PAD),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        max_length=10,
+        beam_size=3,
+        length_penalty=0.6,
+    )
     assert strip_generated(beam, EOS, PAD) == headlines

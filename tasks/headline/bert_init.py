@@ -45,7 +45,9 @@ def bert_sizes(sizes: dict, max_source_positions: int, max_target_positions: int
     )
 
 
-def bert_to_headline(state_dict: dict[str, torch.Tensor], model: HeadlineTransformer) -> dict[str, torch.Tensor]:
+def bert_to_headline(
+    state_dict: dict[str, torch.Tensor], model: HeadlineTransformer
+) -> dict[str, torch.Tensor]:
     """Our state-dict entries built from a HF BERT state dict."""
     mlm = {}  # name in the MLM task's BertForMLM -> tensor
     for key, value in state_dict.items():
@@ -56,9 +58,14 @@ def bert_to_headline(state_dict: dict[str, torch.Tensor], model: HeadlineTransfo
     word = mlm["encoder.embeddings.word_embeddings.weight"]
     positions = mlm["encoder.embeddings.position_embeddings.weight"]
     segment0 = mlm["encoder.embeddings.token_type_embeddings.weight"][0]
-    for side, embeddings in (("encoder", model.encoder_embeddings), ("decoder", model.decoder_embeddings)):
+    for side, embeddings in (
+        ("encoder", model.encoder_embeddings),
+        ("decoder", model.decoder_embeddings),
+    ):
         ours[f"{side}_embeddings.word.weight"] = word
-        ours[f"{side}_embeddings.position.weight"] = positions[: embeddings.max_positions] + segment0
+        ours[f"{side}_embeddings.position.weight"] = (
+            positions[: embeddings.max_positions] + segment0
+        )
         ours[f"{side}_embeddings.norm.weight"] = mlm["encoder.embeddings.norm.weight"]
         ours[f"{side}_embeddings.norm.bias"] = mlm["encoder.embeddings.norm.bias"]
     for name, value in mlm.items():

@@ -9,14 +9,14 @@ Batches are dicts:
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, DataError
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, load_tokenizer
 from tasks.headline import gigaword, pairs
 from tasks.headline.example import HeadlinePair
@@ -56,7 +56,9 @@ class HeadlineDataModule(pl.LightningDataModule):
                 "train/valid/test .article.txt and .title.txt (Rush et al. 2015)>"
             )
         if max_source_length < 3 or max_target_length < 3:
-            raise ConfigError("max_source_length and max_target_length must be >= 3 ([CLS] x [SEP])")
+            raise ConfigError(
+                "max_source_length and max_target_length must be >= 3 ([CLS] x [SEP])"
+            )
         self.source = source
         self.debian_dir = Path(debian_dir)
         self.pairs_dir = Path(pairs_dir)
@@ -66,7 +68,11 @@ class HeadlineDataModule(pl.LightningDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.max_source_length = int(max_source_length)
         self.max_target_length = int(max_target_length)
-        self.limits = dict(train=max_train_examples, val=max_val_examples, test=max_test_examples)
+        self.limits = {
+            "train": max_train_examples,
+            "val": max_val_examples,
+            "test": max_test_examples,
+        }
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.num_workers = int(num_workers)
         self.subset_seed = int(subset_seed)
@@ -99,11 +105,19 @@ class HeadlineDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(None)  # we truncate ourselves, per side
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ("train", "val", "test"))
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(
+            stage, ("train", "val", "test")
+        )
         for split in wanted:
             if split in self.data:
                 continue
             examples = self._subset(self.load_split(split), self.limits[split])
+            if not examples:
+                raise DataError(
+                    f"the headline {split} split is empty ({self.source} data); with "
+                    f"source=debian give it a share in task.datamodule.split_fractions, with "
+                    f"gigaword check the {_GIGAWORD_SPLIT[split]}.*.txt files"
+                )
             self.data[split] = self._encode(examples)
             print(f"[headline] {split}: {len(self.data[split])} pairs ({self.source})", flush=True)
 
@@ -121,9 +135,11 @@ class HeadlineDataModule(pl.LightningDataModule):
     def _encode(self, examples: list[HeadlinePair]) -> list[dict]:
         src = self._ids([e.article for e in examples], self.max_source_length)
         # Headlines are tokenized lowercased like the articles; the raw text stays the ROUGE reference.
-        tgt = self._ids([gigaword.to_model_text(e.headline) for e in examples], self.max_target_length)
+        tgt = self._ids(
+            [gigaword.to_model_text(e.headline) for e in examples], self.max_target_length
+        )
         return [
-            dict(src_ids=s, tgt_ids=t, article=e.article, headline=e.headline)
+            {"src_ids": s, "tgt_ids": t, "article": e.article, "headline": e.headline}
             for s, t, e in zip(src, tgt, examples)
         ]
 
@@ -132,14 +148,14 @@ class HeadlineDataModule(pl.LightningDataModule):
     def model_kwargs(self) -> dict:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(None)
-        return dict(
-            vocab_size=self.tokenizer.get_vocab_size(),
-            pad_id=PAD_ID,
-            bos_id=CLS_ID,
-            eos_id=SEP_ID,
-            max_source_positions=self.max_source_length,
-            max_target_positions=self.max_target_length,
-        )
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "pad_id": PAD_ID,
+            "bos_id": CLS_ID,
+            "eos_id": SEP_ID,
+            "max_source_positions": self.max_source_length,
+            "max_target_positions": self.max_target_length,
+        }
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         if split not in self.data:
@@ -171,9 +187,9 @@ def _pad(rows: list[list[int]]) -> torch.Tensor:
 
 
 def collate(items: list[dict]) -> dict:
-    return dict(
-        src_ids=_pad([it["src_ids"] for it in items]),
-        tgt_ids=_pad([it["tgt_ids"] for it in items]),
-        articles=[it["article"] for it in items],
-        headlines=[it["headline"] for it in items],
-    )
+    return {
+        "src_ids": _pad([it["src_ids"] for it in items]),
+        "tgt_ids": _pad([it["tgt_ids"] for it in items]),
+        "articles": [it["article"] for it in items],
+        "headlines": [it["headline"] for it in items],
+    }

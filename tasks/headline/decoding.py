@@ -35,7 +35,9 @@ def _check_max_length(model, max_length: int) -> None:
         )
 
 
-def _next_log_probs(model, prefix: Tensor, memory: Tensor, memory_padding_mask: Tensor | None) -> Tensor:
+def _next_log_probs(
+    model, prefix: Tensor, memory: Tensor, memory_padding_mask: Tensor | None
+) -> Tensor:
     logits = model.decode(prefix, memory, memory_padding_mask)[:, -1]
     return torch.log_softmax(logits.float(), dim=-1)
 

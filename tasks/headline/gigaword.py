@@ -44,7 +44,9 @@ def _read_lines(path: Path) -> list[str]:
     return [line.rstrip("\r").strip() for line in lines]
 
 
-def read_split(data_dir: str | Path, split: str, drop_empty: bool | None = None) -> list[HeadlinePair]:
+def read_split(
+    data_dir: str | Path, split: str, drop_empty: bool | None = None
+) -> list[HeadlinePair]:
     """Read one split. `drop_empty` defaults to True for train and False for valid/test."""
     article_path, title_path = split_files(data_dir, split)
     missing = [str(p) for p in (article_path, title_path) if not p.is_file()]
@@ -70,12 +72,17 @@ def read_split(data_dir: str | Path, split: str, drop_empty: bool | None = None)
             empty += 1
             if drop_empty:
                 continue
-        pairs.append(HeadlinePair(article=article, headline=title, source_id=f"{split}:{index + 1}"))
+        pairs.append(
+            HeadlinePair(article=article, headline=title, source_id=f"{split}:{index + 1}")
+        )
     if empty:
         action = "dropped" if drop_empty else "kept (scored against what they have)"
         log.warning(
             "Gigaword %s: %d of %d examples have an empty article or title line; %s",
-            split, empty, len(articles), action,
+            split,
+            empty,
+            len(articles),
+            action,
         )
     return pairs
 

@@ -25,7 +25,9 @@ _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 class Embeddings(nn.Module):
     """word (shared) + learned position, then LayerNorm and dropout, as in BERT."""
 
-    def __init__(self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float, eps: float):
+    def __init__(
+        self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float, eps: float
+    ):
         super().__init__()
         self.word = word
         self.position = nn.Embedding(max_positions, d_model)
@@ -60,6 +62,7 @@ class HeadlineTransformer(nn.Module):
         num_decoder_layers: int = 2,
         dim_feedforward: int = 512,
         dropout: float = 0.1,
+        attention_dropout: float | None = None,
         activation: str = "gelu",
         max_source_positions: int = 128,
         max_target_positions: int = 64,
@@ -83,22 +86,30 @@ class HeadlineTransformer(nn.Module):
         self.max_target_positions = max_target_positions
 
         word = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        self.encoder_embeddings = Embeddings(word, max_source_positions, d_model, dropout, layer_norm_eps)
-        self.decoder_embeddings = Embeddings(word, max_target_positions, d_model, dropout, layer_norm_eps)
-        layer_args = dict(
-            d_model=d_model,
-            nhead=nhead,
-            dim_feedforward=dim_feedforward,
-            dropout=dropout,
-            activation=activation,
-            norm_first=False,
-            layer_norm_eps=layer_norm_eps,
+        self.encoder_embeddings = Embeddings(
+            word, max_source_positions, d_model, dropout, layer_norm_eps
         )
+        self.decoder_embeddings = Embeddings(
+            word, max_target_positions, d_model, dropout, layer_norm_eps
+        )
+        layer_args = {
+            "d_model": d_model,
+            "nhead": nhead,
+            "dim_feedforward": dim_feedforward,
+            "dropout": dropout,
+            # None: same as dropout. With dropout on attention weights, DNAS/HNAS materialize S x S.
+            "attn_dropout": attention_dropout,
+            "activation": activation,
+            "norm_first": False,
+            "layer_norm_eps": layer_norm_eps,
+        }
         self.encoder_layers = nn.ModuleList(
-            TransformerEncoderLayer(spec=encoder_spec, **layer_args) for _ in range(num_encoder_layers)
+            TransformerEncoderLayer(spec=encoder_spec, **layer_args)
+            for _ in range(num_encoder_layers)
         )
         self.decoder_layers = nn.ModuleList(
-            TransformerDecoderLayer(spec=decoder_spec, **layer_args) for _ in range(num_decoder_layers)
+            TransformerDecoderLayer(spec=decoder_spec, **layer_args)
+            for _ in range(num_decoder_layers)
         )
         # BERT's LM head: dense + activation + LayerNorm, then the tied output projection + bias.
         self.head_transform = nn.Sequential(
@@ -127,6 +138,22 @@ class HeadlineTransformer(nn.Module):
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, V) of the token after each prefix position (causal)."""
+        return self.project(
+            self.decode_hidden(tgt_ids, memory, memory_padding_mask, tgt_padding_mask)
+        )
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Decoder states (..., D) -> vocabulary logits (..., V): LM-head transform + tied output."""
+        return self.head_transform(hidden) @ self.word_embeddings.weight.t() + self.output_bias
+
+    def decode_hidden(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        memory_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Decoder states (B, T, D), before the LM head."""
         y = self.decoder_embeddings(tgt_ids)
         for layer in self.decoder_layers:
             y = layer(
@@ -135,13 +162,16 @@ class HeadlineTransformer(nn.Module):
                 tgt_key_padding_mask=tgt_padding_mask,
                 memory_key_padding_mask=memory_padding_mask,
             )
-        hidden = self.head_transform(y)
-        return hidden @ self.word_embeddings.weight.t() + self.output_bias
+        return y
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) of the token after each position of tgt_ids."""
+        return self.project(self.forward_hidden(src_ids, tgt_ids))
+
+    def forward_hidden(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         src_mask = src_ids.eq(self.pad_id)
         memory = self.encode(src_ids, src_mask)
-        return self.decode(tgt_ids, memory, src_mask, tgt_ids.eq(self.pad_id))
+        return self.decode_hidden(tgt_ids, memory, src_mask, tgt_ids.eq(self.pad_id))
 
 
 def _init_bert_style(module: nn.Module) -> None:

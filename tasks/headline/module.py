@@ -26,8 +26,10 @@ from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
 INITS = ("random", "bert")
 
 
-def sequence_loss(logits: Tensor, targets: Tensor, pad_id: int, label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy over the non-padding target tokens. logits (B, T, V), targets (B, T)."""
+def sequence_loss(
+    logits: Tensor, targets: Tensor, pad_id: int, label_smoothing: float = 0.0
+) -> Tensor:
+    """Mean cross-entropy over the non-padding target tokens. logits (..., V), targets (...)."""
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
         targets.reshape(-1),
@@ -52,6 +54,7 @@ class HeadlineModule(pl.LightningModule):
         num_decoder_layers: int = 2,
         dim_feedforward: int = 512,
         dropout: float = 0.1,
+        attention_dropout: float | None = None,
         max_source_positions: int = 128,
         max_target_positions: int = 64,
         lr: float = 5e-4,
@@ -71,14 +74,14 @@ class HeadlineModule(pl.LightningModule):
         attention = AttentionSpec.from_config(attention).to_dict()
         decoder_attention = AttentionSpec.from_config(decoder_attention).to_dict()
         self.save_hyperparameters()
-        sizes = dict(
-            d_model=d_model,
-            nhead=nhead,
-            num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers,
-            dim_feedforward=dim_feedforward,
-            dropout=dropout,
-        )
+        sizes = {
+            "d_model": d_model,
+            "nhead": nhead,
+            "num_encoder_layers": num_encoder_layers,
+            "num_decoder_layers": num_decoder_layers,
+            "dim_feedforward": dim_feedforward,
+            "dropout": dropout,
+        }
         if init == "bert":
             from tasks.headline.bert_init import bert_sizes
 
@@ -90,6 +93,7 @@ class HeadlineModule(pl.LightningModule):
             decoder_attention=decoder_attention,
             max_source_positions=max_source_positions,
             max_target_positions=max_target_positions,
+            attention_dropout=attention_dropout,
             **sizes,
         )
         if init == "bert":
@@ -119,12 +123,23 @@ class HeadlineModule(pl.LightningModule):
         hp = self.hparams
         # The start token takes one decoder position.
         max_length = min(hp.max_decode_length, self.model.max_target_positions - 1)
-        return dict(bos_id=hp.bos_id, eos_id=hp.eos_id, pad_id=hp.pad_id, max_length=max_length)
+        return {
+            "bos_id": hp.bos_id,
+            "eos_id": hp.eos_id,
+            "pad_id": hp.pad_id,
+            "max_length": max_length,
+        }
 
     def _loss(self, batch: dict) -> Tensor:
         tgt = batch["tgt_ids"]
-        logits = self.model(batch["src_ids"], tgt[:, :-1])
-        return sequence_loss(logits, tgt[:, 1:], self.hparams.pad_id, self.hparams.label_smoothing)
+        hidden = self.model.forward_hidden(batch["src_ids"], tgt[:, :-1])
+        targets = tgt[:, 1:]
+        # Project only the real target positions onto the 30k vocabulary (most are padding).
+        real = targets.ne(self.hparams.pad_id)
+        logits = self.model.project(hidden[real])
+        return sequence_loss(
+            logits, targets[real], self.hparams.pad_id, self.hparams.label_smoothing
+        )
 
     # -- loops -------------------------------------------------------------------------------
 
@@ -138,7 +153,9 @@ class HeadlineModule(pl.LightningModule):
         self.log("val/loss", self._loss(batch), prog_bar=True, batch_size=size)
         if batch_idx < self.hparams.val_decode_batches:
             src = batch["src_ids"]
-            generated = greedy_decode(self.model, src, src.eq(self.hparams.pad_id), **self._decode_kwargs())
+            generated = greedy_decode(
+                self.model, src, src.eq(self.hparams.pad_id), **self._decode_kwargs()
+            )
             self.val_rouge.update(self.ids_to_text(generated), batch["headlines"])
 
     def on_validation_epoch_end(self) -> None:
@@ -191,7 +208,9 @@ class HeadlineModule(pl.LightningModule):
             writer = csv.writer(out, delimiter="\t", quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
             writer.writerow(["source", "reference", "prediction"])
             for row in self._predictions:
-                writer.writerow([" ".join(text.split()) for text in row])  # no tabs or newlines inside
+                writer.writerow(
+                    [" ".join(text.split()) for text in row]
+                )  # no tabs or newlines inside
         print(f"[headline] wrote {len(self._predictions)} test predictions to {path}", flush=True)
 
     # -- optimization ------------------------------------------------------------------------
@@ -205,7 +224,10 @@ class HeadlineModule(pl.LightningModule):
                 continue
             (no_decay if param.dim() < 2 else decay).append(param)
         optimizer = torch.optim.AdamW(
-            [dict(params=decay, weight_decay=hp.weight_decay), dict(params=no_decay, weight_decay=0.0)],
+            [
+                {"params": decay, "weight_decay": hp.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=hp.lr,
         )
         total = max(int(self.trainer.estimated_stepping_batches), 1)
@@ -217,4 +239,7 @@ class HeadlineModule(pl.LightningModule):
             return max(0.0, (total - step) / max(total - warmup, 1))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay)
-        return dict(optimizer=optimizer, lr_scheduler=dict(scheduler=scheduler, interval="step"))
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from attnlab.errors import DataError
 from tasks.common import debian
@@ -47,7 +47,9 @@ def build_pairs(
 ) -> dict[str, list[HeadlinePair]]:
     """Pairs per split from prepared description records (dicts with package, synopsis, paragraphs)."""
     if not 1 <= min_words <= max_words:
-        raise DataError(f"article word limits min_words={min_words}, max_words={max_words}: need 1 <= min <= max")
+        raise DataError(
+            f"article word limits min_words={min_words}, max_words={max_words}: need 1 <= min <= max"
+        )
     # Sorted by family then package: duplicates keep the copy of the smallest family, whatever
     # the order of the source files.
     ordered = sorted(rows, key=lambda r: (debian.family_of(r["package"]), r["package"]))
@@ -63,12 +65,18 @@ def build_pairs(
             continue
         seen.add(key)
         split = debian.split_of(debian.family_of(row["package"]), fractions)
-        result[split].append(HeadlinePair(article=article, headline=headline, source_id=row["package"]))
+        result[split].append(
+            HeadlinePair(article=article, headline=headline, source_id=row["package"])
+        )
     return result
 
 
 def _settings(min_words: int, max_words: int, fractions: Sequence[float]) -> dict:
-    return dict(min_words=int(min_words), max_words=int(max_words), fractions=[float(f) for f in fractions])
+    return {
+        "min_words": int(min_words),
+        "max_words": int(max_words),
+        "fractions": [float(f) for f in fractions],
+    }
 
 
 def _read_manifest(pairs_dir: Path) -> dict | None:
@@ -108,7 +116,10 @@ def prepare_pairs(
     settings = _settings(min_words, max_words, fractions)
     if is_built(pairs_dir, records_sha, settings):
         return pairs_dir
-    print(f"[headline] building article->headline pairs from {records_path} into {pairs_dir}", flush=True)
+    print(
+        f"[headline] building article->headline pairs from {records_path} into {pairs_dir}",
+        flush=True,
+    )
     splits = build_pairs(debian.load_rows(debian_dir), min_words, max_words, fractions)
     if not splits["train"]:
         raise DataError(
@@ -120,21 +131,25 @@ def prepare_pairs(
     for split, pairs in splits.items():
         path = pairs_dir / f"{split}.jsonl"
         write_jsonl(path, pairs)
-        outputs.append(dict(name=path.name, pairs=len(pairs), sha256=debian.sha256_of(path)))
+        outputs.append({"name": path.name, "pairs": len(pairs), "sha256": debian.sha256_of(path)})
     all_pairs = [p for pairs in splits.values() for p in pairs]
     debian_manifest = json.loads((debian_dir / debian.MANIFEST_FILE).read_text())
-    manifest = dict(
-        format_version=FORMAT_VERSION,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        source=dict(path=str(records_path), sha256=records_sha),
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": {"path": str(records_path), "sha256": records_sha},
         # The Translation-en files the records were read from, with their sha256.
-        upstream_sources=debian_manifest.get("sources", []),
-        settings=settings,
-        outputs=outputs,
-        pairs=len(all_pairs),
-        mean_article_words=round(sum(len(p.article.split()) for p in all_pairs) / len(all_pairs), 2),
-        mean_headline_words=round(sum(len(p.headline.split()) for p in all_pairs) / len(all_pairs), 2),
-    )
+        "upstream_sources": debian_manifest.get("sources", []),
+        "settings": settings,
+        "outputs": outputs,
+        "pairs": len(all_pairs),
+        "mean_article_words": round(
+            sum(len(p.article.split()) for p in all_pairs) / len(all_pairs), 2
+        ),
+        "mean_headline_words": round(
+            sum(len(p.headline.split()) for p in all_pairs) / len(all_pairs), 2
+        ),
+    }
     # Written last: its presence (with matching settings) marks the pairs as complete.
     (pairs_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     counts = ", ".join(f"{o['name']}: {o['pairs']}" for o in outputs)
@@ -149,5 +164,7 @@ def prepare_pairs(
 def load_pairs(pairs_dir: str | Path, split: str) -> list[HeadlinePair]:
     path = Path(pairs_dir) / f"{split}.jsonl"
     if not path.is_file():
-        raise DataError(f"{path} does not exist; run the headline task once with network access to build it")
+        raise DataError(
+            f"{path} does not exist; run the headline task once with network access to build it"
+        )
     return read_jsonl(path)

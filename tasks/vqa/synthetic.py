@@ -11,8 +11,9 @@ box features through its own fixed random feature extractor:
   is the large cube?" needs the primary box (to find the large cube) *bound* to a secondary box
   of the same object (to read its material). The binding cue is the box position, which all
   views encode; the fusion attention can learn to match it.
-- Duplicate boxes (an object detected twice) and background boxes (no object) fill each view;
-  the number of boxes varies per view and image, the rest is padding.
+- Each view's box list (min_boxes..max_boxes long, the rest is padding) holds one box per
+  detected object, then overlapping duplicate proposals of the detected objects and background
+  boxes (no object), as a detector's top-100 boxes do. Duplicates make counting hard, as in VQA.
 
 All views share one semantic feature space (extractor = shared map + a view-specific
 perturbation), so the fusion's sum of raw secondary features accumulates evidence, as with the
@@ -43,7 +44,7 @@ import numpy as np
 from attnlab.errors import ConfigError, DataError
 
 # Bump when the generator's output changes for the same parameters, so old caches are not reused.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 4
 
 SPLITS = ("train", "val", "test")
 QUESTION_TYPES = ("existence", "counting", "attribute", "comparison")
@@ -84,7 +85,8 @@ class SyntheticParams:
     max_objects: int = 10
     primary_recall: float = 0.6
     secondary_recall: float = 0.7
-    duplicate_rate: float = 0.3
+    background_share: float = 0.3  # of the boxes beyond one per detected object
+    attribute_signal: float = 2.0  # scales SHARPNESS: attribute evidence against box position
     attribute_noise: float = 0.5
     feature_noise: float = 0.1
     view_perturbation: float = 0.3  # how far each view's extractor is from the shared one
@@ -100,15 +102,15 @@ class SyntheticParams:
             problems.append(
                 f"need 1 <= min_objects <= max_objects, got {self.min_objects}, {self.max_objects}"
             )
-        if 2 * self.max_objects > self.min_boxes:
+        if self.max_objects > self.min_boxes:
             problems.append(
-                f"min_boxes ({self.min_boxes}) must hold 2 x max_objects ({self.max_objects}) boxes (duplicates)"
+                f"min_boxes ({self.min_boxes}) must hold one box per object (max_objects={self.max_objects})"
             )
         if self.feature_dim < _descriptor_dim():
             problems.append(
                 f"feature_dim ({self.feature_dim}) must be >= {_descriptor_dim()} so features keep the scene information"
             )
-        for name in ("primary_recall", "secondary_recall", "duplicate_rate", "annotator_noise"):
+        for name in ("primary_recall", "secondary_recall", "background_share", "annotator_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name}={getattr(self, name)} is outside [0, 1]")
         for name in ("n_train_images", "n_val_images", "n_test_images", "questions_per_image"):
@@ -266,19 +268,27 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
     Returns per box its image, its slot in that image's box list, its descriptor and its
     normalized box (x1, y1, x2, y2).
     """
-    detected = np.flatnonzero(objects["seen"][:, view])
-    duplicates = detected[rng.random(len(detected)) < params.duplicate_rate]
+    detected = np.flatnonzero(objects["seen"][:, view])  # sorted by image
+    n_detected = np.bincount(objects["image"][detected], minlength=n_images)
+    first_detected = np.concatenate([[0], np.cumsum(n_detected)[:-1]])
+    # Every detected object gets one box; the image's remaining slots are overlapping duplicate
+    # proposals of its detected objects (as a detector's top-100 boxes mostly are), except a
+    # share `background_share` of background boxes (and all of them if nothing was detected).
+    total = np.maximum(rng.integers(params.min_boxes, params.max_boxes + 1, n_images), n_detected)
+    spare = total - n_detected
+    n_background = np.where(n_detected > 0, rng.binomial(spare, params.background_share), spare)
+    n_duplicates = spare - n_background
+    dup_image = np.repeat(np.arange(n_images), n_duplicates)
+    pick = (rng.random(len(dup_image)) * n_detected[dup_image]).astype(np.int64)
+    duplicates = detected[first_detected[dup_image] + pick]
     det = np.concatenate([detected, duplicates])
     n_det = len(det)
     jitter = np.where(np.arange(n_det) < len(detected), 0.01, 0.03)[:, None]
     det_center = objects["center"][det] + jitter * rng.standard_normal((n_det, 2))
-    det_extent = objects["extent"][det] * rng.uniform(0.9, 1.1, (n_det, 2))
+    det_extent = objects["extent"][det] * rng.uniform(0.8, 1.25, (n_det, 2))
     det_image = objects["image"][det]
 
-    # Background boxes fill each image's box list up to its drawn length.
-    per_image = np.bincount(det_image, minlength=n_images)
-    total = np.maximum(rng.integers(params.min_boxes, params.max_boxes + 1, n_images), per_image)
-    bg_image = np.repeat(np.arange(n_images), total - per_image)
+    bg_image = np.repeat(np.arange(n_images), n_background)
     n_bg = len(bg_image)
     center = np.concatenate([det_center, rng.uniform(0.05, 0.95, (n_bg, 2))])
     extent = np.concatenate([det_extent, rng.uniform(0.05, 0.3, (n_bg, 2))])
@@ -286,11 +296,11 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
     n_boxes = n_det + n_bg
 
     blocks = [_position_features(center, extent)]
-    objectness = (np.arange(n_boxes) < n_det) + 0.3 * rng.standard_normal(n_boxes)
+    objectness = 2.0 * (np.arange(n_boxes) < n_det) + 0.3 * rng.standard_normal(n_boxes)
     blocks.append(objectness[:, None])
     for a, (name, values) in enumerate(ATTRIBUTES.items()):
         one_hot = np.zeros((n_boxes, len(values)))
-        one_hot[np.arange(n_det), objects[name][det]] = SHARPNESS[view, a]
+        one_hot[np.arange(n_det), objects[name][det]] = params.attribute_signal * SHARPNESS[view, a]
         blocks.append(one_hot + params.attribute_noise * rng.standard_normal(one_hot.shape))
     desc = np.concatenate(blocks, axis=1)
     boxes = np.clip(np.concatenate([center - extent / 2, center + extent / 2], axis=1), 0, 1)
@@ -306,7 +316,8 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
 
 def _position_features(center: np.ndarray, extent: np.ndarray) -> np.ndarray:
     angles = np.concatenate([np.pi * f * center for f in POSITION_FREQUENCIES], axis=1)
-    return np.concatenate([np.sin(angles), np.cos(angles), extent], axis=1)
+    # Half amplitude: position is the cue for matching boxes across views, not the content.
+    return np.concatenate([0.5 * np.sin(angles), 0.5 * np.cos(angles), extent], axis=1)
 
 
 # --- questions and answers -------------------------------------------------------------------
@@ -348,7 +359,7 @@ def _question(rng, scene) -> tuple[str, str, str]:
 
 
 def _existence(rng, scene):
-    attrs = rng.sample(ATTRIBUTE_NAMES, 2)
+    attrs = rng.sample(ATTRIBUTE_NAMES, rng.randint(1, 2))
     if rng.random() < 0.5:  # "yes": describe an object of the scene
         filters = _describe(rng.choice(scene), attrs)
     else:  # "no": a combination the scene lacks (keeps yes/no balanced)

@@ -49,7 +49,7 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 # Bytes of one (B_chunk, H, S, d + 1) float tensor in the backward: it runs over batch chunks of
 # about this size so that its padded temporaries stay small next to the inputs.
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 4 * 2**20
 
 
 def flash_supported(q: Tensor) -> bool:
@@ -197,12 +197,11 @@ class _QueryNormalized(torch.autograd.Function):
         if query_padding_mask is not None:  # those rows were zeroed: nothing flows through them
             grad = grad.masked_fill(query_padding_mask[:, None, :, None], 0.0)
         grad_u = None
-        if ctx.hybrid:
-            if ctx.needs_input_grad[3]:
-                grad_u = ((out_d - out_u) * grad).sum((-2, -1), keepdim=True).sum_to_size(ctx.u_shape)
-            grad_d, grad_unas = u * grad, (1 - u) * grad
-        else:
-            grad_d, grad_unas = grad, None
+        if ctx.hybrid and ctx.needs_input_grad[3]:
+            # d/du of lerp(out_u, out_d, u), reduced per batch item (no full-size temporaries)
+            grad_u = torch.stack([
+                torch.einsum("hsf,hsf->h", out_d[b] - out_u[b], grad[b]) for b in range(B)
+            ])[..., None, None].sum_to_size(ctx.u_shape)
         kbias = padding_bias(key_padding_mask, q.dtype)
         width = max(d, v.shape[-1]) + 1
         chunks = _batch_chunks(B, H * max(S_q, k.shape[-2]) * width * q.element_size())
@@ -212,8 +211,11 @@ class _QueryNormalized(torch.autograd.Function):
             qc, kc, vc, cc = q[s], k[s], v[s], c[s]
             kb = _sl(kbias, s)
             bias = key_bias(kb, cc)
+            # Per-chunk gradients of the two branches of lerp(out_u, out_d, u).
+            uc = None if u is None else (u if u.shape[0] == 1 else u[s])
+            grad_d = grad[s] if uc is None else uc * grad[s]
             gq, gk, gv, colsum = _backward_with_column(
-                grad_d[s], qc, kc, vc, out_d[s], lse_d[s], bias, scale, q_col=1.0
+                grad_d, qc, kc, vc, out_d[s], lse_d[s], bias, scale, q_col=1.0
             )
             dc = -colsum / scale  # the DNAS bias is -c
             # The gradient through c_j = logsumexp_i s_ij is ds_ij = dc_j xi_ij, with
@@ -229,7 +231,7 @@ class _QueryNormalized(torch.autograd.Function):
                 if key_padding_mask is not None:
                     f = f.masked_fill(key_padding_mask[s][:, None, :], 0.0)
                 uq, uk, uv, _ = _backward_with_column(
-                    grad_unas[s], qc, kc, vc, out_u[s], lse_u[s], kb, scale, v_col=f, grad_col=e
+                    (1 - uc) * grad[s], qc, kc, vc, out_u[s], lse_u[s], kb, scale, v_col=f, grad_col=e
                 )
                 gq, gk, gv = gq + uq, gk + uk, gv + uv
             else:
@@ -244,7 +246,7 @@ class _QueryNormalized(torch.autograd.Function):
                 gq += term
                 if ctx.hybrid:  # plain UNAS backward (the extra column stays unused)
                     uq, uk, uv, _ = _backward_with_column(
-                        grad_unas[s], qc, kc, vc, out_u[s], lse_u[s], kb, scale
+                        (1 - uc) * grad[s], qc, kc, vc, out_u[s], lse_u[s], kb, scale
                     )
                     gq, gk, gv = gq + uq, gk + uk, gv + uv
             if len(chunks) == 1:
