@@ -18,7 +18,8 @@ TINY: dict[str, list[str]] = {
     "vqa": [
         "task.synthetic.n_train_images=48", "task.synthetic.n_val_images=16", "task.synthetic.n_test_images=16",
         "task.synthetic.questions_per_image=4", "task.datamodule.batch_size=32", "task.datamodule.eval_batch_size=64",
-        "task.module.hidden_dim=32", "task.module.embed_dim=16", "trainer.max_epochs=1",
+        "task.module.hidden_dim=32", "task.module.embed_dim=16", "task.module.attention_dim=16",
+        "trainer.max_epochs=1",
     ],
     "mlm": [],
     "headline": [],

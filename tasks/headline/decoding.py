@@ -1,9 +1,10 @@
-"""Batched greedy and beam search for an encoder-decoder with `encode` / `decode` methods.
+"""Batched greedy and beam search for an encoder-decoder (`encode`, `decode_hidden`, `project`).
 
 The model protocol (see `tasks.headline.model.HeadlineTransformer`):
 
     memory = model.encode(src_ids, src_padding_mask)                       # (B, S, D)
-    logits = model.decode(prefix_ids, memory, memory_padding_mask)         # (B, T, V)
+    hidden = model.decode_hidden(prefix_ids, memory, memory_padding_mask)  # (B, T, D)
+    logits = model.project(hidden)                                         # (..., V)
 
 Each step re-runs the decoder on the whole prefix (no key/value cache): headlines are short
 (<= 64 positions), and the decoder layers stay the plain library layers.
@@ -38,8 +39,10 @@ def _check_max_length(model, max_length: int) -> None:
 def _next_log_probs(
     model, prefix: Tensor, memory: Tensor, memory_padding_mask: Tensor | None
 ) -> Tensor:
-    logits = model.decode(prefix, memory, memory_padding_mask)[:, -1]
-    return torch.log_softmax(logits.float(), dim=-1)
+    # Only the last position goes through the vocabulary projection: projecting the whole prefix
+    # onto 30k words at every step would cost more than all the decoder layers.
+    hidden = model.decode_hidden(prefix, memory, memory_padding_mask)[:, -1]
+    return torch.log_softmax(model.project(hidden).float(), dim=-1)
 
 
 def _top_tokens(log_probs: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -49,7 +49,7 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 # Bytes of one (B_chunk, H, S, d + 1) float tensor in the backward: it runs over batch chunks of
 # about this size so that its padded temporaries stay small next to the inputs.
-CHUNK_BYTES = 4 * 2**20
+CHUNK_BYTES = 16 * 2**20
 
 
 def flash_supported(q: Tensor) -> bool:
