@@ -21,8 +21,20 @@ TINY: dict[str, list[str]] = {
         "task.module.hidden_dim=32", "task.module.embed_dim=16", "task.module.attention_dim=16",
         "trainer.max_epochs=1",
     ],
-    "mlm": [],
-    "headline": [],
+    "mlm": [
+        f"task.data.files=[{FIXTURES / 'text' / 'paragraphs.txt'}]", "task.data.fractions=[0.6,0.2,0.2]",
+        "task.data.max_length=48", "task.datamodule.batch_size=8", "task.module.d_model=32",
+        "task.module.num_layers=2", "task.module.nhead=2", "task.module.dim_feedforward=64",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+    ],
+    "headline": [
+        "task.source=gigaword", f"task.gigaword_dir={FIXTURES / 'headline' / 'gigaword'}",
+        "task.datamodule.max_source_length=32", "task.datamodule.max_target_length=12",
+        "task.datamodule.batch_size=2", "task.datamodule.eval_batch_size=2", "task.module.d_model=16",
+        "task.module.nhead=2", "task.module.num_encoder_layers=1", "task.module.num_decoder_layers=1",
+        "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_decode_length=6",
+        "task.module.beam_size=2", "trainer.max_epochs=1",
+    ],
 }
 # fast, quiet defaults for every CLI test run
 QUIET = ["logger=csv", "callbacks.progress_bar=null", "trainer.enable_model_summary=false"]
