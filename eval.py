@@ -7,10 +7,10 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("ATTNLAB_ROOT", ROOT)
 sys.path.insert(0, ROOT)
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+import hydra
+from omegaconf import DictConfig
 
-from attnlab.runner import evaluate, run_job  # noqa: E402
+from attnlab.runner import evaluate, run_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")

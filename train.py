@@ -12,10 +12,10 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("ATTNLAB_ROOT", ROOT)
 sys.path.insert(0, ROOT)  # `tasks` importable without installing
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+import hydra
+from omegaconf import DictConfig
 
-from attnlab.runner import run_job, train  # noqa: E402
+from attnlab.runner import run_job, train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

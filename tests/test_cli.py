@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import QUIET, ROOT, TINY, cli_env, metrics_files, run_cli
 
 SCHEMES = ["unas", "dnas", "hnas", "sinkhorn"]
@@ -64,15 +63,25 @@ def final_metrics(tmp_path):
 
 
 def test_resume_reaches_the_same_metrics(tmp_path, data_dir):
-    common = ["task=vqa", "model=hnas", "seed=7", *TINY["vqa"], *QUIET]
+    common = ["task=vqa", "model=hnas", "seed=7", *TINY["vqa"], *QUIET, "trainer.max_epochs=2"]
     full_dir, part_dir = tmp_path / "full", tmp_path / "part"
     full_dir.mkdir(), part_dir.mkdir()
-    run_cli([*common, "trainer.max_epochs=2"], full_dir, data_dir)
+    run_cli(common, full_dir, data_dir)
     full = final_metrics(full_dir)
-    # interrupted after epoch 1 ...
-    run_cli([*common, "trainer.max_epochs=1"], part_dir, data_dir)
+    # the same run, killed (SIGKILL: no chance to save anything) as soon as epoch 1 is checkpointed ...
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common], cwd=part_dir,
+                            env=cli_env(part_dir, data_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, ckpts = time.time() + 240, []
+    while time.time() < deadline and not ckpts and proc.poll() is None:
+        time.sleep(0.05)
+        ckpts = list((part_dir / "outputs").rglob("last.ckpt"))
+    proc.kill()
+    proc.wait()
+    assert ckpts, "no checkpoint before the run ended"
+    assert torch.load(ckpts[0], weights_only=False)["epoch"] == 0, "killed too late: epoch 2 already saved"
+    assert not list((part_dir / "outputs").rglob("metrics.json"))
     # ... and resumed from its last.ckpt (found automatically by ckpt_path=last)
-    proc = run_cli([*common, "trainer.max_epochs=2", "ckpt_path=last"], part_dir, data_dir)
+    proc = run_cli([*common, "ckpt_path=last"], part_dir, data_dir)
     resumed = final_metrics(part_dir)
     assert "Restoring states from the checkpoint" in proc.stdout + proc.stderr
     for key in ("test/acc", "val/acc"):

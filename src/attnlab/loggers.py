@@ -6,8 +6,8 @@ themselves; adding a logger backend means teaching this file about it, nothing e
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch

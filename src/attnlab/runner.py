@@ -20,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab.attention import AttentionSpec, attention_modules
@@ -38,7 +38,7 @@ def is_multirun() -> bool:
 
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     callbacks = []
-    for name, conf in (cfg.get("callbacks") or {}).items():
+    for conf in (cfg.get("callbacks") or {}).values():
         if conf is not None and "_target_" in conf:
             callbacks.append(hydra.utils.instantiate(conf))
     return callbacks
@@ -46,7 +46,7 @@ def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
 
 def build_loggers(cfg: DictConfig) -> list:
     loggers = []
-    for name, conf in (cfg.get("logger") or {}).items():
+    for conf in (cfg.get("logger") or {}).values():
         if conf is None or "_target_" not in conf:
             continue
         kwargs: dict[str, Any] = {}
@@ -112,8 +112,8 @@ def finish_wandb() -> None:
 
         if wandb.run is not None:
             wandb.finish()
-    except Exception:  # pragma: no cover - never fail a run over logging shutdown
-        pass
+    except Exception as exc:  # noqa: BLE001 - never fail a run over logging shutdown
+        print(f"[attnlab] wandb.finish failed: {exc}")
 
 
 def to_float_dict(metrics: dict) -> dict[str, float]:
@@ -158,6 +158,13 @@ def print_summary(title: str, record: dict) -> None:
 def train(cfg: DictConfig) -> dict:
     """Fit, then test the best checkpoint. Returns the record also written to metrics.json."""
     t0 = time.time()
+    ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
+    if ckpt_path and (Path(ckpt_path).parent.parent / "config.yaml").is_file():
+        # a resumed run finishes in its own run dir: checkpoints, best-model tracking, PNGs and
+        # metrics.json stay together (this invocation's Hydra dir keeps only its log)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(Path(ckpt_path).parent.parent)
+        print(f"[attnlab] resuming {ckpt_path} in its run dir {cfg.paths.output_dir}")
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
@@ -173,12 +180,17 @@ def train(cfg: DictConfig) -> dict:
     loggers = build_loggers(cfg)
     for logger in loggers:  # the whole composed config, not only the module's hyper-parameters
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # A resumed run skips the sanity check: its validation dataloader would draw from the RNG
+    # restored from the checkpoint, and the run would no longer continue bit-for-bit.
+    extra = {"num_sanity_val_steps": 0} if ckpt_path else {}
+    trainer: pl.Trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra
+    )
 
     val_score = None
     if cfg.get("train", True):
         # weights_only=False: our own checkpoints hold the config (DictConfig) in their hparams
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg), weights_only=False)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
         ckpt_cb = trainer.checkpoint_callback
         if ckpt_cb is not None and ckpt_cb.best_model_score is not None:
             val_score = float(ckpt_cb.best_model_score)
@@ -229,7 +241,7 @@ def run_job(fn, cfg: DictConfig) -> float | None:
         # preempted: PreemptionCheckpoint wrote last.ckpt; a non-zero exit tells the scheduler
         finish_wandb()
         raise SystemExit(143) from None
-    except Exception as exc:  # noqa: BLE001 - we report and decide below
+    except Exception as exc:
         finish_wandb()
         message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
         if is_multirun():

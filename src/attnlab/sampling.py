@@ -12,9 +12,10 @@ from torch.utils.data import Sampler
 
 
 class EpochSeededSampler(Sampler[int]):
-    def __init__(self, n: int, seed: int = 0) -> None:
+    def __init__(self, n: int, seed: int | None = None) -> None:
         self.n = int(n)
-        self.seed = int(seed)
+        # default: the run's seed (seed_everything set torch's initial seed)
+        self.seed = int(torch.initial_seed() if seed is None else seed) % (2**31)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:

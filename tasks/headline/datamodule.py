@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.sampling import EpochSeededSampler
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, load_tokenizer
 from tasks.headline import gigaword, pairs
 from tasks.headline.example import HeadlinePair
@@ -163,7 +164,8 @@ class HeadlineDataModule(pl.LightningDataModule):
         return DataLoader(
             self.data[split],
             batch_size=batch_size,
-            shuffle=shuffle,
+            # order depends only on (seed, epoch): a resumed run sees the same batches
+            sampler=EpochSeededSampler(len(self.data[split])) if shuffle else None,
             collate_fn=collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.sampling import EpochSeededSampler
 from tasks.common import bert_assets, debian
 from tasks.mlm.masking import IGNORE, MaskingConfig, example_rng, mask_example
 
@@ -295,12 +296,12 @@ class MLMDataModule(pl.LightningDataModule):
     # -- loaders -----------------------------------------------------------------------------
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(int(self.hparams.seed))
+        dataset = self.datasets[split]
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.hparams.batch_size,
-            shuffle=shuffle,
-            generator=generator if shuffle else None,
+            # order depends only on (seed, epoch): a resumed run sees the same batches
+            sampler=EpochSeededSampler(len(dataset), int(self.hparams.seed)) if shuffle else None,
             num_workers=self.hparams.num_workers,
             # Workers are re-created each epoch (not persistent) so they see the new epoch's masks.
             persistent_workers=False,

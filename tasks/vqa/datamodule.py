@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.sampling import EpochSeededSampler
 from tasks.vqa import synthetic
 from tasks.vqa.metric import answer_scores, normalize_answer
 from tasks.vqa.vqav2 import MMFFeatures, read_split
@@ -302,7 +303,8 @@ class VQADataModule(pl.LightningDataModule):
         return DataLoader(
             self.datasets[split],
             batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            shuffle=shuffle,
+            # order depends only on (seed, epoch): a resumed run sees the same batches
+            sampler=EpochSeededSampler(len(self.datasets[split])) if shuffle else None,
             num_workers=self.num_workers,
             collate_fn=_batch_as_is,
             persistent_workers=self.num_workers > 0,

@@ -30,7 +30,7 @@ def column_statistics(weights: torch.Tensor, key_padding_mask=None, query_paddin
     holding that minimum, and the minimum of `col_sum * S_valid` (>= 1 under the DNAS lemma).
     """
     w = weights.float()
-    B, H, S_q, S_k = w.shape
+    B, H, _, S_k = w.shape
     if query_padding_mask is not None:
         w = w.masked_fill(query_padding_mask[:, None, :, None], 0.0)
     col = w.sum(dim=2)  # (B, H, S_k)

@@ -54,3 +54,4 @@ class RngState(pl.Callback):
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
         version, internal, gauss = state_dict["python"]
         random.setstate((version, tuple(internal), gauss))
+
