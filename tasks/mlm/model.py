@@ -185,7 +185,7 @@ def load_bert_weights(model: BertForMLM, state_dict: dict[str, Tensor]) -> list[
     if "encoder.embeddings.word_embeddings.weight" in loaded:  # the decoder is tied to it
         loaded["head.word_embeddings.weight"] = loaded["encoder.embeddings.word_embeddings.weight"]
     missing = [n for n in ours if n not in loaded and not n.startswith("head.")
-               and not n.endswith("hybrid_logit")]
+               and not n.endswith("hybrid_logit") and ".cascade_mixer." not in n]
     if missing:
         raise ConfigError(f"the BERT checkpoint lacks {len(missing)} encoder weights, e.g. {missing[:3]}")
     model.load_state_dict(loaded, strict=False)

@@ -32,6 +32,9 @@ def make_activation(name: str) -> nn.Module:
 class TransformerEncoderLayer(nn.Module):
     """Self-attention + feed-forward; `spec` chooses the attention scheme of this layer."""
 
+    # consecutive layers in one nn.ModuleList form a cascade stack per attribute (cascade.py)
+    CASCADE_ATTRIBUTES = ("self_attn",)
+
     def __init__(
         self,
         d_model: int,
@@ -77,6 +80,8 @@ class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to `memory`, feed-forward. Both attentions are
     built with is_decoder=True, so a query-normalized `spec` (dnas/hnas/sinkhorn) is refused."""
 
+    CASCADE_ATTRIBUTES = ("self_attn", "cross_attn")
+
     def __init__(
         self,
         d_model: int,
@@ -94,6 +99,7 @@ class TransformerDecoderLayer(nn.Module):
         p_attn = dropout if attn_dropout is None else attn_dropout
         self.self_attn = MultiHeadAttention(d_model, nhead, spec=spec, dropout=p_attn, is_decoder=True)
         self.cross_attn = MultiHeadAttention(d_model, nhead, spec=spec, dropout=p_attn, is_decoder=True)
+        self.cross_attn.role = "cross"
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention import cascade
 from attnlab.attention.functional import attend, attention_weights
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
@@ -77,12 +78,16 @@ class MultiHeadAttention(nn.Module):
             self.v_proj = None
             self.out_proj = None
             self.out_dim = self.vdim
-        if self.spec.scheme == "hnas":
+        if self.spec.normalization == "hnas":
             n = num_heads if self.spec.hybrid_per == "head" else 1
             u0 = min(max(self.spec.hybrid_init, _U_CLAMP), 1 - _U_CLAMP)
             self.hybrid_logit = nn.Parameter(torch.full((n,), math.log(u0 / (1 - u0))))
         else:
             self.hybrid_logit = None
+        # coda / realformer: options, stack link and logits in flight (attention/cascade.py);
+        # the role (encoder | decoder | cross) lets training rules pick stacks
+        self.cascade = cascade.make_state(self.spec)
+        self.role = "decoder" if is_decoder else "encoder"
         self.record = False
         self.recorded: dict | None = None
 
@@ -126,25 +131,33 @@ class MultiHeadAttention(nn.Module):
         u = None
         if self.hybrid_logit is not None:
             u = torch.sigmoid(self.hybrid_logit).view(1, -1, 1, 1)
-        out = attend(
-            q,
-            k,
-            v,
-            scheme=self.spec.scheme,
-            key_padding_mask=key_padding_mask,
-            query_padding_mask=query_padding_mask,
-            u=u,
-            n_iter=self.spec.n_iter,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
-        if self.record:
-            self._record(q, k, u, key_padding_mask, query_padding_mask, causal)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.cascade is not None:  # coda / realformer: materialized logits, see cascade.py
+            out, weights = cascade.cascade_attend(
+                self, q, k, v, key_padding_mask, query_padding_mask, causal, u, dropout_p
+            )
+            if self.record:
+                self._store(weights.detach().float(), key_padding_mask, query_padding_mask, out)
+        else:
+            out = attend(
+                q,
+                k,
+                v,
+                scheme=self.spec.scheme,
+                key_padding_mask=key_padding_mask,
+                query_padding_mask=query_padding_mask,
+                u=u,
+                n_iter=self.spec.n_iter,
+                causal=causal,
+                dropout_p=dropout_p,
+            )
+            if self.record:
+                self._record(q, k, u, key_padding_mask, query_padding_mask, causal, out)
         out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
         return self.out_proj(out) if self.out_proj is not None else out
 
     @torch.no_grad()
-    def _record(self, q, k, u, key_padding_mask, query_padding_mask, causal) -> None:
+    def _record(self, q, k, u, key_padding_mask, query_padding_mask, causal, out) -> None:
         """Materialize this forward's weights for analysis callbacks (only when record=True)."""
         weights = attention_weights(
             q.detach(),
@@ -156,6 +169,10 @@ class MultiHeadAttention(nn.Module):
             n_iter=self.spec.n_iter,
             causal=causal,
         ).float()
+        self._store(weights, key_padding_mask, query_padding_mask, out)
+
+    @torch.no_grad()
+    def _store(self, weights, key_padding_mask, query_padding_mask, out) -> None:
         column_sums = weights.sum(dim=-2)  # (B, H, S_k): total weight each key receives
         if key_padding_mask is not None:
             masked = column_sums.masked_fill(key_padding_mask[:, None, :], float("inf"))
@@ -167,6 +184,7 @@ class MultiHeadAttention(nn.Module):
             "query_padding_mask": query_padding_mask,
             "column_sums": column_sums,
             "min_column_sum": masked.amin(dim=-1),  # (B, H), over valid keys (inf if none)
+            "head_outputs": out.detach().float(),  # (B, H, S_q, d_v), before out_proj
         }
 
 
