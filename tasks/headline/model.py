@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
-from tasks.headline.incremental import DecoderCache, layer_step, start_cache
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -164,29 +163,6 @@ class HeadlineTransformer(nn.Module):
                 memory_key_padding_mask=memory_padding_mask,
             )
         return y
-
-    def start_decoding(self, memory: Tensor, memory_padding_mask: Tensor | None = None) -> DecoderCache:
-        """A key/value cache for `decode_step` (cross-attention keys/values projected once)."""
-        return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
-
-    def decode_step(self, token_ids: Tensor, cache: DecoderCache) -> Tensor:
-        """Decoder state (B, D) after feeding token_ids (B,) at the next position (eval only).
-
-        Equals `decode_hidden(prefix, ...)[:, -1]` for the prefix fed so far (tested).
-        """
-        position = cache.length
-        if position >= self.max_target_positions:
-            raise ConfigError(
-                f"decoding past the {self.max_target_positions} decoder positions; lower the "
-                f"decoding max length"
-            )
-        emb = self.decoder_embeddings
-        y = emb.word(token_ids) + emb.position.weight[position]
-        y = emb.dropout(emb.norm(y))[:, None]
-        for index, layer in enumerate(self.decoder_layers):
-            y = layer_step(layer, y, cache, index)
-        cache.length += 1
-        return y[:, 0]
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) of the token after each position of tgt_ids."""
