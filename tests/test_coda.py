@@ -243,3 +243,21 @@ def test_bf16_autocast_stays_finite():
     out.float().sum().backward()
     assert torch.isfinite(out.float()).all()
     assert all(torch.isfinite(p.grad).all() for p in layers.parameters() if p.grad is not None)
+
+
+def test_incremental_decoding_with_cached_keys_matches_the_full_pass():
+    """attend_heads on one new query with cached keys/values (a decoder's step) cascades row by
+    row exactly like the full causal pass."""
+    torch.manual_seed(0)
+    mods = [MultiHeadAttention(D, H, spec=coda(), is_decoder=True).eval() for _ in range(2)]
+    link_stack(mods)
+    x = torch.randn(2, 5, D)
+    full = [m(x, causal=True) for m in mods]  # one full pass, layers in order
+    keys = [m._split(m.k_proj(x)) for m in mods]
+    values = [m._split(m.v_proj(x)) for m in mods]
+    for t in range(5):
+        for m, k, v, ref in zip(mods, keys, values, full):
+            q = m._split(m.q_proj(x[:, t : t + 1]))
+            out = m.attend_heads(q, k[:, :, : t + 1], v[:, :, : t + 1])
+            step = m.out_proj(out.transpose(1, 2).reshape(2, 1, D))
+            torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-5, rtol=1e-5)

@@ -128,6 +128,25 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(query))
         k = self._split(self.k_proj(key))
         v = self._split(self.v_proj(value) if self.v_proj is not None else value)
+        out = self.attend_heads(q, k, v, key_padding_mask, query_padding_mask, causal)
+        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
+        return self.out_proj(out) if self.out_proj is not None else out
+
+    def attend_heads(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None = None,
+        query_padding_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out.
+
+        `forward` is projections + this + out_proj; incremental decoding calls it directly with
+        cached keys/values, so every decoder-safe scheme (unas, coda, realformer) decodes step
+        by step. Recording for analysis callbacks happens here.
+        """
         u = None
         if self.hybrid_logit is not None:
             u = torch.sigmoid(self.hybrid_logit).view(1, -1, 1, 1)
@@ -138,23 +157,22 @@ class MultiHeadAttention(nn.Module):
             )
             if self.record:
                 self._store(weights.detach().float(), key_padding_mask, query_padding_mask, out)
-        else:
-            out = attend(
-                q,
-                k,
-                v,
-                scheme=self.spec.scheme,
-                key_padding_mask=key_padding_mask,
-                query_padding_mask=query_padding_mask,
-                u=u,
-                n_iter=self.spec.n_iter,
-                causal=causal,
-                dropout_p=dropout_p,
-            )
-            if self.record:
-                self._record(q, k, u, key_padding_mask, query_padding_mask, causal, out)
-        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
-        return self.out_proj(out) if self.out_proj is not None else out
+            return out
+        out = attend(
+            q,
+            k,
+            v,
+            scheme=self.spec.scheme,
+            key_padding_mask=key_padding_mask,
+            query_padding_mask=query_padding_mask,
+            u=u,
+            n_iter=self.spec.n_iter,
+            causal=causal,
+            dropout_p=dropout_p,
+        )
+        if self.record:
+            self._record(q, k, u, key_padding_mask, query_padding_mask, causal, out)
+        return out
 
     @torch.no_grad()
     def _record(self, q, k, u, key_padding_mask, query_padding_mask, causal, out) -> None:
