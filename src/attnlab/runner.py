@@ -38,7 +38,10 @@ def is_multirun() -> bool:
 
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     callbacks = []
-    for conf in (cfg.get("callbacks") or {}).values():
+    # `model.callbacks`: training rules that belong to the scheme (e.g. model=repulsive's SVGD
+    # step), so they apply whatever the `callbacks=` group (minimal, none) says
+    model_rules = (cfg.get("model") or {}).get("callbacks") or {}
+    for conf in [*(cfg.get("callbacks") or {}).values(), *model_rules.values()]:
         if conf is not None and "_target_" in conf:
             callbacks.append(hydra.utils.instantiate(conf))
     return callbacks

@@ -1,7 +1,16 @@
-"""Lightning callbacks: analyses of attention (hybrid weights, explained-away) and run safety."""
+"""Lightning callbacks: analyses of attention (hybrid weights, explained-away, head diversity,
+head importance, calibration), training rules of schemes (repulsive attention, MA+R) and run safety."""
 
 from attnlab.callbacks.explained_away import ExplainedAway
 from attnlab.callbacks.hybrid_weights import HybridWeights
 from attnlab.callbacks.preemption import PreemptionCheckpoint, RngState
+from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
 
-__all__ = ["ExplainedAway", "HybridWeights", "PreemptionCheckpoint", "RngState"]
+__all__ = [
+    "DisagreementRegularizer",
+    "ExplainedAway",
+    "HybridWeights",
+    "PreemptionCheckpoint",
+    "RepulsiveAttention",
+    "RngState",
+]

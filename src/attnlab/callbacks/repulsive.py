@@ -1,0 +1,302 @@
+"""Repulsive attention (An et al., EMNLP 2020) and the MA+R disagreement regularizer (Li et al. 2018).
+
+`RepulsiveAttention` is a training rule, not an architecture: the heads of one attention module are
+M particles `theta_1..theta_M` of a posterior, and after backward (after DDP has averaged the
+gradients: `on_before_optimizer_step`) the gradient of every particle is replaced by the SVGD
+direction. With `g_j = dL/dtheta_j` (L = -log p up to a constant) and an RBF kernel
+`k(a, b) = exp(-|a - b|^2 / (2h))`, SVGD moves `theta_i` along
+
+    phi(theta_i) = (1/M) sum_j [ k(theta_j, theta_i) (-g_j) + alpha grad_{theta_j} k(theta_j, theta_i) ]
+
+so the optimizer, which descends, gets `step_size * (-phi)`: the kernel-smoothed gradient minus
+`alpha` times the repulsive force that pushes heads apart. The bandwidth follows the published code:
+`h = 0.5 median_{ij} |theta_i - theta_j|^2 / log(M + 1)`. SPOS adds `beta g_i` and Gaussian noise
+`- sqrt(2 beta / step_size) N(0, I) median|g|` (the noise is drawn from a generator seeded by
+(seed, step, module), so every DDP process injects the same noise and a resumed run the same as an
+uninterrupted one). With Adam the overall scale `step_size` cancels out except against the SPOS
+noise; the published code applies it the same way.
+
+Particle of head h: rows [h*d:(h+1)*d] of `q_proj.weight`, `k_proj.weight` and `v_proj.weight` of
+one `MultiHeadAttention` (the rows that produce head h; biases only with `include_bias=true`),
+flattened and concatenated (`grouping: joint`, the paper's definition of a particle), or one
+particle set per projection (`grouping: per_projection`, as the published code computes it).
+Modules without v_proj (VQA fusion, project_values=False) contribute Q and K only; modules with
+a single head have no second particle and are skipped (said once).
+
+`DisagreementRegularizer` (the paper's MA+R baseline) adds `weight * mean_{i,j} cos(O_i, O_j)` to
+the training loss for every selected module (Li et al. 2018's disagreement on outputs, summed
+over modules, averaged over positions): O_h is head h's output before the output projection.
+The term enters the module's training_step loss (the callback wraps training_step during fit),
+so Lightning's gradient accumulation, AMP scaling and DDP treat it as part of the loss.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from attnlab.attention import MultiHeadAttention, attention_modules
+from attnlab.errors import ConfigError
+from attnlab.loggers import LoggerAdapter
+
+ROLES = ("encoder", "decoder", "cross")
+PROJECTIONS = ("q", "k", "v")
+
+
+# ----------------------------------------------------------------------------- the math
+def rbf_kernel(theta: Tensor, bandwidth: float | None = None) -> tuple[Tensor, Tensor, float]:
+    """K (M, M) with K_ij = k(theta_i, theta_j), the repulsive force
+    R_i = sum_j grad_{theta_j} k(theta_j, theta_i) (M, P), and the bandwidth h."""
+    m = theta.shape[0]
+    sq = (theta[:, None, :] - theta[None, :, :]).pow(2).sum(-1)
+    if bandwidth is None:
+        bandwidth = float(0.5 * sq.flatten().median() / math.log(m + 1))
+        if not bandwidth > 0:  # identical particles: any h gives K = 1 and no force
+            bandwidth = 1.0
+    kernel = torch.exp(-sq / (2 * bandwidth))
+    force = (theta * kernel.sum(1, keepdim=True) - kernel @ theta) / bandwidth
+    return kernel, force, bandwidth
+
+
+def svgd_gradient(theta: Tensor, grad: Tensor, alpha: float = 1.0, bandwidth: float | None = None) -> Tensor:
+    """-phi: what a descending optimizer must get so that theta moves along the SVGD direction."""
+    kernel, force, _ = rbf_kernel(theta, bandwidth)
+    return (kernel @ grad - alpha * force) / theta.shape[0]
+
+
+def spos_gradient(theta: Tensor, grad: Tensor, alpha: float, beta: float, step_size: float,
+                  generator: torch.Generator | None = None, bandwidth: float | None = None) -> Tensor:
+    """SVGD plus Langevin: + beta g - sqrt(2 beta / step_size) N(0, I) median|g|."""
+    noise = torch.randn(theta.shape, generator=generator, dtype=theta.dtype).to(theta.device)
+    scale = math.sqrt(2.0 * beta / step_size) * grad.abs().flatten().median()
+    return svgd_gradient(theta, grad, alpha, bandwidth) + beta * grad - scale * noise
+
+
+def head_rows(param: Tensor, num_heads: int) -> Tensor:
+    """(H*d, ...) weight or bias -> (H, d * ...): row block h is head h's particle part."""
+    return param.reshape(num_heads, -1)
+
+
+def particle_parameters(module: MultiHeadAttention, projections: Sequence[str], include_bias: bool) -> list[Tensor]:
+    """The parameters whose row blocks make the particles, in a fixed order."""
+    params = []
+    for name in projections:
+        linear = getattr(module, f"{name}_proj", None)
+        if linear is None:  # project_values=False: no v_proj
+            continue
+        params.append(linear.weight)
+        if include_bias and linear.bias is not None:
+            params.append(linear.bias)
+    return params
+
+
+def select_modules(model, stacks: Sequence[str], layers) -> list[tuple[str, MultiHeadAttention]]:
+    """Attention modules of the chosen roles; `layers` all | first | last | [indices], counted
+    within each role (stack) in named_modules() order."""
+    chosen = []
+    for role in stacks:
+        mods = [(n, m) for n, m in attention_modules(model) if m.role == role]
+        if layers == "all":
+            chosen += mods
+        elif layers == "first":
+            chosen += mods[:1]
+        elif layers == "last":
+            chosen += mods[-1:]
+        else:
+            chosen += [mods[i] for i in layers if -len(mods) <= i < len(mods)]
+    return chosen
+
+
+def _check(stacks, layers, projections) -> tuple[list[str], object, list[str]]:
+    stacks = [stacks] if isinstance(stacks, str) else list(stacks)
+    bad = [s for s in stacks if s not in ROLES]
+    if bad:
+        raise ConfigError(f"stacks={bad}: choose from {', '.join(ROLES)}")
+    projections = [projections] if isinstance(projections, str) else list(projections)
+    bad = [p for p in projections if p not in PROJECTIONS]
+    if bad or not projections:
+        raise ConfigError(f"projections={projections}: choose a non-empty subset of q, k, v")
+    if isinstance(layers, str):
+        if layers not in ("all", "first", "last"):
+            raise ConfigError(f"layers={layers!r}: use all, first, last or a list of layer indices")
+    else:
+        layers = [int(i) for i in layers]
+    return stacks, layers, projections
+
+
+# ----------------------------------------------------------------------------- SVGD / SPOS
+class RepulsiveAttention(pl.Callback):
+    """Per-head Q/K/V particles updated as SVGD or SPOS particles (see the module docstring)."""
+
+    def __init__(
+        self,
+        method: str = "svgd",
+        step_size: float = 0.1,
+        alpha: float = 0.01,
+        beta: float = 0.1,
+        projections: Sequence[str] = PROJECTIONS,
+        stacks: Sequence[str] = ROLES,
+        layers="all",
+        grouping: str = "joint",
+        include_bias: bool = False,
+        seed: int = 0,
+        log_every_n_steps: int = 50,
+    ) -> None:
+        if method not in ("svgd", "spos"):
+            raise ConfigError(f"repulsive method={method!r}: use svgd or spos")
+        if grouping not in ("joint", "per_projection"):
+            raise ConfigError(f"repulsive grouping={grouping!r}: use joint or per_projection")
+        if step_size <= 0 or alpha < 0 or beta < 0:
+            raise ConfigError(
+                f"repulsive step_size={step_size}, alpha={alpha}, beta={beta}: step_size must be > 0, "
+                f"alpha and beta >= 0"
+            )
+        self.method, self.step_size, self.alpha, self.beta = method, float(step_size), float(alpha), float(beta)
+        self.stacks, self.layers, self.projections = _check(stacks, layers, projections)
+        self.grouping, self.include_bias = grouping, bool(include_bias)
+        self.seed, self.log_every_n_steps = int(seed), max(1, int(log_every_n_steps))
+        self._announced = False
+
+    def groups(self, model) -> list[tuple[str, MultiHeadAttention, list[list[Tensor]]]]:
+        """(name, module, [parameter lists, one per particle set]) of every module it updates."""
+        out = []
+        for name, module in select_modules(model, self.stacks, self.layers):
+            if module.num_heads < 2:
+                continue
+            params = particle_parameters(module, self.projections, self.include_bias)
+            if not params:
+                continue
+            if self.grouping == "joint":
+                sets = [params]
+            else:  # one particle set per projection (its weight and, if included, its bias)
+                sets = [particle_parameters(module, [p], self.include_bias) for p in self.projections]
+                sets = [s for s in sets if s]
+            out.append((name, module, sets))
+        return out
+
+    def direction(self, theta: Tensor, grad: Tensor, generator: torch.Generator) -> Tensor:
+        if self.method == "svgd":
+            d = svgd_gradient(theta, grad, self.alpha)
+        else:
+            d = spos_gradient(theta, grad, self.alpha, self.beta, self.step_size, generator)
+        return self.step_size * d
+
+    @torch.no_grad()
+    def apply(self, model, step: int = 0) -> dict[str, float]:
+        """Replace the gradients of every particle set by the SVGD/SPOS direction (in place)."""
+        distances = []
+        for index, (_, module, sets) in enumerate(self.groups(model)):
+            h = module.num_heads
+            for j, params in enumerate(sets):
+                if any(p.grad is None for p in params):
+                    continue
+                theta = torch.cat([head_rows(p.float(), h) for p in params], dim=1)
+                grad = torch.cat([head_rows(p.grad.float(), h) for p in params], dim=1)
+                generator = torch.Generator().manual_seed(hash((self.seed, step, index, j)) % 2**63)
+                new = self.direction(theta, grad, generator)
+                offset = 0
+                for p in params:
+                    width = p.numel() // h
+                    p.grad.copy_(new[:, offset : offset + width].reshape(p.shape).to(p.grad.dtype))
+                    offset += width
+                distances.append(float(torch.pdist(theta).mean()))
+        return {"repulsive/particle_distance": sum(distances) / len(distances)} if distances else {}
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self._announced:
+            return
+        self._announced = True
+        groups = self.groups(pl_module)
+        chosen = select_modules(pl_module, self.stacks, self.layers)
+        single = [n for n, m in chosen if m.num_heads < 2]
+        msg = (f"[attnlab] repulsive attention ({self.method}): {len(groups)} attention modules, "
+               f"particles = per-head rows of {'/'.join(self.projections)}_proj"
+               f"{' (+bias)' if self.include_bias else ''} ({self.grouping})")
+        if single:
+            msg += f"; skipped {len(single)} single-head module(s) (one particle, nothing to repel): {single}"
+        if not groups:
+            msg += "; NOTHING to update: the training rule has no effect on this model"
+        if trainer.is_global_zero:
+            print(msg)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        step = int(trainer.global_step)
+        stats = self.apply(pl_module, step)
+        if stats and step % self.log_every_n_steps == 0:
+            LoggerAdapter(trainer).scalars(stats, step=step)
+
+
+# ----------------------------------------------------------------------------- MA+R
+def disagreement(head_outputs: Tensor) -> Tensor:
+    """mean_{i,j} cos(O_i, O_j) over head pairs (diagonal included, as Li et al.'s D) and over
+    positions where every head has a non-zero output (padded queries have none).
+    head_outputs: (..., H, d)."""
+    unit = torch.nn.functional.normalize(head_outputs.float(), dim=-1, eps=1e-12)
+    cos = unit @ unit.transpose(-1, -2)  # (..., H, H)
+    per_position = cos.mean(dim=(-1, -2))
+    valid = (head_outputs != 0).any(-1).all(-1)
+    if not valid.any():
+        return per_position.sum() * 0.0
+    return per_position[valid].mean()
+
+
+class DisagreementRegularizer(pl.Callback):
+    """MA+R: loss += weight * sum over selected modules of disagreement(head outputs)."""
+
+    def __init__(self, weight: float = 0.1, stacks: Sequence[str] = ROLES, layers="all") -> None:
+        if weight < 0:
+            raise ConfigError(f"disagreement weight={weight} must be >= 0")
+        self.weight = float(weight)
+        self.stacks, self.layers, _ = _check(stacks, layers, PROJECTIONS)
+        self._terms: list[Tensor] = []
+        self._handles: list = []
+
+    def _collect(self, module: MultiHeadAttention, merged: Tensor) -> None:
+        if module.training and torch.is_grad_enabled():
+            b, s, e = merged.shape
+            self._terms.append(disagreement(merged.view(b, s, module.num_heads, e // module.num_heads)))
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if m.num_heads > 1]
+        for _, m in mods:
+            if m.out_proj is not None:  # its input is the concatenation of the head outputs
+                hook = m.out_proj.register_forward_pre_hook(
+                    functools.partial(lambda mod, _lin, args: self._collect(mod, args[0]), m))
+            else:  # project_values=False: the module's output is the concatenation
+                hook = m.register_forward_hook(lambda mod, _args, out: self._collect(mod, out))
+            self._handles.append(hook)
+        if trainer.is_global_zero:
+            print(f"[attnlab] MA+R disagreement regularizer (weight {self.weight}) on {len(mods)} "
+                  f"attention modules")
+        original = pl_module.training_step
+
+        @functools.wraps(original)
+        def training_step(*args, **kwargs):
+            self._terms.clear()
+            out = original(*args, **kwargs)
+            if not self._terms:
+                return out
+            penalty = torch.stack(self._terms).sum()
+            self._terms.clear()
+            pl_module.log("train/disagreement", penalty.detach(), on_step=True, on_epoch=False)
+            if isinstance(out, Tensor):
+                return out + self.weight * penalty
+            if isinstance(out, dict) and "loss" in out:
+                return {**out, "loss": out["loss"] + self.weight * penalty}
+            return out
+
+        pl_module.training_step = training_step
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.teardown(trainer, pl_module, "fit")
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        pl_module.__dict__.pop("training_step", None)  # back to the class's method
