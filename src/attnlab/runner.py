@@ -208,6 +208,11 @@ def train(cfg: DictConfig) -> dict:
             best = None  # no checkpoint: test the weights as they are
         trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=False)
         metrics.update(to_float_dict(trainer.callback_metrics))
+    # analyses that run their own evaluations on the final (tested) weights, e.g. HeadImportance
+    for callback in callbacks:
+        if hasattr(callback, "after_test"):
+            metrics.update(callback.after_test(trainer, module, datamodule, cfg.optimized_metric,
+                                               cfg.task.monitor_mode))
 
     record = {
         "status": "ok",

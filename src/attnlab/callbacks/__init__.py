@@ -1,14 +1,20 @@
 """Lightning callbacks: analyses of attention (hybrid weights, explained-away, head diversity,
 head importance, calibration), training rules of schemes (repulsive attention, MA+R) and run safety."""
 
+from attnlab.callbacks.calibration import Calibration
 from attnlab.callbacks.explained_away import ExplainedAway
+from attnlab.callbacks.head_diversity import HeadDiversity
+from attnlab.callbacks.head_importance import HeadImportance
 from attnlab.callbacks.hybrid_weights import HybridWeights
 from attnlab.callbacks.preemption import PreemptionCheckpoint, RngState
 from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
 
 __all__ = [
+    "Calibration",
     "DisagreementRegularizer",
     "ExplainedAway",
+    "HeadDiversity",
+    "HeadImportance",
     "HybridWeights",
     "PreemptionCheckpoint",
     "RepulsiveAttention",

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from attnlab.attention import attention_modules
+from attnlab.callbacks.recording import set_recording
 from attnlab.loggers import LoggerAdapter
 
 LOG_FLOOR = 1e-30  # log of an exactly-zero column sum is shown at log(1e-30)
@@ -67,17 +68,14 @@ class ExplainedAway(pl.Callback):
         return attention_modules(pl_module)
 
     def _set_recording(self, pl_module, on: bool) -> None:
-        for _, m in self._modules(pl_module):
-            m.record = on
-            if not on:
-                m.recorded = None
+        set_recording(pl_module, "explained_away", on)  # other analyses may record too
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._stats = {}
         self._set_recording(pl_module, not trainer.sanity_checking and self.max_batches > 0)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or batch_idx >= self.max_batches:  # later: others' recordings
             return
         modules = self._modules(pl_module)
         self._names = [name for name, _ in modules]
@@ -88,7 +86,6 @@ class ExplainedAway(pl.Callback):
             self._stats.setdefault(l, []).append(
                 column_statistics(rec["weights"], rec.get("key_padding_mask"), rec.get("query_padding_mask"))
             )
-            m.recorded = None
         if batch_idx + 1 >= self.max_batches:
             self._set_recording(pl_module, False)
 

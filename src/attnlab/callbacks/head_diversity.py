@@ -1,0 +1,195 @@
+"""`HeadDiversity`: how different the heads of each attention layer are.
+
+On the first `max_batches` validation (and test) batches, for every attention module with at
+least two heads:
+
+- Jensen-Shannon divergence between the attention distributions of every pair of heads, per valid
+  query row, averaged over rows and batches (CODA, Zheng et al. 2021, Fig. 2/4 and Table 4
+  "Avg. JSD"). Natural log: identical heads give 0, heads on disjoint keys give log 2. Logged as
+  an H x H heatmap per layer (`head_jsd.png` in the run dir, W&B image) and as the layer's mean
+  over head pairs; `val/avg_jsd` (`test/avg_jsd`) is the mean over layers.
+- The average pairwise L2 distance between the heads' outputs (each head's (d_v,) output before
+  the output projection) at every valid query (Repulsive attention, An et al. 2020, Table 1
+  "Dist"); `val/head_distance` (`test/head_distance`) is the mean over layers.
+
+Weights are only materialized on those batches (MultiHeadAttention.record); training never pays.
+Single-head modules (e.g. the VQA fusion with fusion_heads=1) have no pair of heads: they are
+skipped, with one message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from attnlab.attention import attention_modules
+from attnlab.callbacks.recording import set_recording
+from attnlab.loggers import LoggerAdapter
+
+
+def valid_rows(weights: Tensor) -> Tensor:
+    """(B, S_q) bool: query rows that attend somewhere (padded queries have all-zero rows)."""
+    return weights[:, 0].sum(-1) > 0.5
+
+
+def jsd_matrix(weights: Tensor, rows: Tensor | None = None) -> tuple[Tensor, int]:
+    """Sum over valid rows of JSD(head i, head j) as an (H, H) matrix, and the number of rows.
+
+    weights (B, H, S_q, S_k) with rows summing to 1 (or 0 where nothing is attended)."""
+    w = weights.double()
+    if rows is None:
+        rows = valid_rows(w)
+    p = w.permute(0, 2, 1, 3)[rows]  # (N, H, S_k)
+    n, h = p.shape[0], p.shape[1]
+    out = torch.zeros(h, h, dtype=torch.float64)
+    ent = torch.xlogy(p, p).sum(-1)  # (N, H): sum p log p
+    for i in range(h):
+        for j in range(i + 1, h):
+            m = 0.5 * (p[:, i] + p[:, j])
+            jsd = 0.5 * (ent[:, i] - torch.xlogy(p[:, i], m).sum(-1)) + 0.5 * (
+                ent[:, j] - torch.xlogy(p[:, j], m).sum(-1)
+            )
+            out[i, j] = out[j, i] = jsd.clamp(min=0).sum()
+    return out, n
+
+
+def head_distance_sum(head_outputs: Tensor, rows: Tensor) -> tuple[float, int]:
+    """Sum over valid queries of the mean pairwise L2 distance between head outputs, and the count.
+    head_outputs (B, H, S_q, d_v)."""
+    o = head_outputs.double().permute(0, 2, 1, 3)[rows]  # (N, H, d)
+    h = o.shape[1]
+    if o.shape[0] == 0:
+        return 0.0, 0
+    dist = torch.cdist(o, o)  # (N, H, H)
+    mean_pair = dist.sum((-1, -2)) / (h * (h - 1))
+    return float(mean_pair.sum()), int(o.shape[0])
+
+
+class HeadDiversity(pl.Callback):
+    def __init__(self, max_batches: int = 8, png_name: str = "head_jsd.png") -> None:
+        self.max_batches = int(max_batches)
+        self.png_name = png_name
+        self._acc: dict[str, dict] = {}
+        self._warned = False
+
+    # --- recording, shared by validation and test
+    def _start(self, trainer, pl_module) -> None:
+        self._acc = {}
+        if not trainer.sanity_checking and self.max_batches > 0:
+            set_recording(pl_module, "head_diversity", True)
+
+    def _collect(self, trainer, pl_module, batch_idx: int) -> None:
+        if trainer.sanity_checking or batch_idx >= self.max_batches:
+            return
+        single = []
+        for name, m in attention_modules(pl_module):
+            rec = m.recorded
+            if rec is None:
+                continue
+            if m.num_heads < 2:
+                single.append(name)
+                continue
+            rows = valid_rows(rec["weights"])
+            jsd, n = jsd_matrix(rec["weights"], rows)
+            dist, n_dist = head_distance_sum(rec["head_outputs"], rows)
+            acc = self._acc.setdefault(name, {"jsd": torch.zeros_like(jsd), "rows": 0, "dist": 0.0,
+                                              "dist_rows": 0, "heads": m.num_heads})
+            acc["jsd"] += jsd
+            acc["rows"] += n
+            acc["dist"] += dist
+            acc["dist_rows"] += n_dist
+        if single and not self._warned and trainer.is_global_zero:
+            self._warned = True
+            print(f"[attnlab] head diversity: {len(single)} single-head attention module(s) skipped "
+                  f"(JSD and head distance need >= 2 heads): {single}. For the VQA fusion use e.g. "
+                  f"task.module.fusion_heads=4")
+        if batch_idx + 1 >= self.max_batches:
+            set_recording(pl_module, "head_diversity", False)
+
+    def summarize(self) -> dict[str, dict]:
+        out = {}
+        for name, acc in self._acc.items():
+            if acc["rows"] == 0:
+                continue
+            h = acc["heads"]
+            matrix = acc["jsd"] / acc["rows"]
+            out[name] = {
+                "jsd": matrix,
+                "avg_jsd": float(matrix.sum() / (h * (h - 1))),
+                "head_distance": acc["dist"] / max(acc["dist_rows"], 1),
+            }
+        return out
+
+    def _finish(self, trainer, pl_module, stage: str) -> None:
+        set_recording(pl_module, "head_diversity", False)
+        if trainer.sanity_checking:
+            return
+        summary = self.summarize()
+        self._acc = {}
+        if not summary:
+            return
+        avg_jsd = sum(s["avg_jsd"] for s in summary.values()) / len(summary)
+        avg_dist = sum(s["head_distance"] for s in summary.values()) / len(summary)
+        # through self.log: into callback_metrics, hence metrics.json and the sweep report
+        pl_module.log(f"{stage}/avg_jsd", avg_jsd, sync_dist=True)
+        pl_module.log(f"{stage}/head_distance", avg_dist, sync_dist=True)
+        log = LoggerAdapter(trainer)
+        names = list(summary)
+        index = {name: l for l, (name, _) in enumerate(attention_modules(pl_module))}
+        log.scalars({f"head_diversity/{stage}/layer{index[n]}/{k}": summary[n][k]
+                     for n in names for k in ("avg_jsd", "head_distance")})
+        log.table(f"head_diversity/{stage}/layers", ["layer", "module", "heads", "avg_jsd", "head_distance"],
+                  [[index[n], n, int(summary[n]["jsd"].shape[0]), round(summary[n]["avg_jsd"], 5),
+                    round(summary[n]["head_distance"], 5)] for n in names])
+        if trainer.is_global_zero:
+            png = self.png_name if stage == "val" else self.png_name.replace(".png", f"_{stage}.png")
+            path = self.write_png(Path(trainer.default_root_dir) / png, summary, index)
+            log.image(f"head_diversity/{stage}/jsd_heatmaps", path)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._start(trainer, pl_module)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._collect(trainer, pl_module, batch_idx)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self._finish(trainer, pl_module, "val")
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        self._start(trainer, pl_module)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._collect(trainer, pl_module, batch_idx)
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self._finish(trainer, pl_module, "test")
+
+    @staticmethod
+    def write_png(path: Path, summary: dict, index: dict) -> Path:
+        import math
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n = len(summary)
+        cols = min(n, 4)
+        rows = (n + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 0.6, 3.0 * rows), squeeze=False)
+        for ax in axes.flat[n:]:
+            ax.axis("off")
+        for ax, (name, s) in zip(axes.flat, summary.items()):
+            im = ax.imshow(s["jsd"].numpy(), vmin=0.0, vmax=math.log(2), cmap="viridis")
+            ax.set_title(f"layer {index[name]} ({name})\navg JSD {s['avg_jsd']:.3f}, dist {s['head_distance']:.2f}",
+                         fontsize=7)
+            ax.set_xlabel("head")
+            ax.set_ylabel("head")
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="JSD (nats, max log 2)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
