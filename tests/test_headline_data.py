@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.errors import DataError
 from tasks.common import debian
@@ -151,3 +152,22 @@ def test_debian_pairs_manifest_and_reuse(tmp_path):
 def test_debian_pairs_bad_limits_raise(tmp_path):
     with pytest.raises(DataError, match="min_words"):
         pairs.build_pairs([], min_words=20, max_words=10)
+
+
+def test_length_grouped_sampler_is_a_seeded_permutation_with_little_padding():
+    from tasks.headline.datamodule import LengthGroupedSampler
+
+    lengths = torch.randint(5, 120, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampler = LengthGroupedSampler(lengths, batch_size=16, seed=3, pool=10)
+    first = list(sampler)
+    assert sorted(first) == list(range(1000))  # every example once
+    assert list(LengthGroupedSampler(lengths, batch_size=16, seed=3, pool=10)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) != first  # a new order each epoch
+
+    def padding(order):
+        batches = [order[i : i + 16] for i in range(0, len(order), 16)]
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+
+    shuffled = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
+    assert padding(first) < 0.2 * padding(shuffled)

@@ -65,6 +65,29 @@ def test_query_normalized_encoder_attention_is_allowed():
     assert all(layer.cross_attn.scheme == "unas" for layer in model.decoder_layers)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decode_step_equals_the_full_decoder(one_thread, norm_first):
+    # The key/value cache must give, at every position, the state of the full teacher-forced
+    # decoder on the prefix; also after reordering rows as beam search does.
+    model = tiny_model(norm_first=norm_first)
+    src, mask = padded_sources([9, 4, 16, 1], vocab=40)
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, 40, (4, 8), generator=gen)
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        full = model.decode_hidden(prefix, memory, mask)
+        cache = model.start_decoding(memory, mask)
+        for t in range(prefix.shape[1]):
+            step = model.decode_step(prefix[:, t], cache)
+            torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=1e-5)
+        order = torch.tensor([2, 0, 3, 1])  # rows of other examples: the article's K/V move too
+        cache.select(order)
+        nxt = torch.randint(3, 40, (4, 1), generator=gen)
+        longer = torch.cat([prefix[order], nxt], dim=1)
+        expected = model.decode_hidden(longer, memory[order], mask[order])[:, -1]
+        torch.testing.assert_close(model.decode_step(nxt[:, 0], cache), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_beam_one_equals_greedy_exactly(one_thread):
     model = tiny_model()
     with torch.no_grad():

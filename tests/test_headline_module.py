@@ -88,7 +88,11 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     dm.prepare_data()
     dm.setup("fit")
     module = HeadlineModule(
-        attention={"scheme": "hnas", "hybrid_init": 0.1}, **TINY, **dm.model_kwargs()
+        attention={"scheme": "hnas", "hybrid_init": 0.1},
+        norm_first=True,
+        hybrid_lr=0.05,
+        **TINY,
+        **dm.model_kwargs(),
     )
     trainer = pl.Trainer(
         max_epochs=1,
@@ -105,6 +109,10 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
         trainer.callback_metrics
     )
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
+    # HNAS's u logits train in their own group: learning rate hybrid_lr, no weight decay
+    logit = module.model.encoder_layers[0].self_attn.hybrid_logit
+    (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
+    assert group["initial_lr"] == 0.05 and group["weight_decay"] == 0.0
     results = trainer.test(module, datamodule=dm, verbose=False)[0]
     for key in ("test/rouge1", "test/rouge2", "test/rougeL"):
         assert 0.0 <= results[key] <= 1.0

@@ -106,12 +106,13 @@ def test_datamodule_errors_name_the_fix(tmp_path):
         dm.setup("fit")
 
 
-def _tiny_run(tmp_path, attention, optimizer, data):
+def _tiny_run(tmp_path, attention, optimizer, data, **module_args):
     pl.seed_everything(0)
     dm = MLMDataModule(max_length=48, batch_size=4, seed=0, **data)
     dm.prepare_data()
     dm.setup("fit")
-    module = MLMModule(attention=attention, optimizer=optimizer, lr=1e-3, **TINY_MODEL, **dm.model_kwargs())
+    module = MLMModule(attention=attention, optimizer=optimizer, lr=1e-3, **TINY_MODEL, **module_args,
+                       **dm.model_kwargs())
     trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
                          accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
@@ -127,14 +128,20 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     from tasks.common import debian
 
     debian.prepare(tmp_path / "debian", files=TRANSLATIONS)  # what `make data` makes, from the fixture
-    _, module, fitted, tested = _tiny_run(tmp_path, {"scheme": "hnas", "hybrid_init": 0.5}, "adamw", data)
+    _, module, fitted, tested = _tiny_run(tmp_path, {"scheme": "hnas", "hybrid_init": 0.5}, "adamw", data,
+                                          hybrid_lr=0.1, norm_first=True)
+    assert module.model.encoder.layers[0].norm_first
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/ppl"):
         assert math.isfinite(fitted[name]), name
     # perplexity is exp of the token-mean cross-entropy on the masked tokens
     assert abs(math.log(tested["test/ppl"]) - tested["test/loss"]) < 1e-3
     assert 0.0 <= tested["test/acc"] <= 1.0
-    u = module.model.encoder.layers[0].self_attn.hybrid_u
-    assert not torch.allclose(u, torch.full_like(u, 0.5))  # u is trained
+    # u is trained, in an optimizer group of its own (learning rate hybrid_lr, no weight decay)
+    logits = [layer.self_attn.hybrid_logit for layer in module.model.encoder.layers]
+    assert all(logit.detach().abs().min().item() > 0 for logit in logits)  # all moved from u = 0.5
+    (group,) = [g for g in module.trainer.optimizers[0].param_groups if g["params"][0] is logits[0]]
+    assert group["initial_lr"] == 0.1 and group["weight_decay"] == 0.0
+    assert len(group["params"]) == len(logits)
 
 
 def test_tiny_training_run_with_lamb_on_plain_text(tmp_path):

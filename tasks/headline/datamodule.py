@@ -27,6 +27,34 @@ SOURCES = ("debian", "gigaword")
 _GIGAWORD_SPLIT = {"train": "train", "val": "valid", "test": "test"}
 
 
+class LengthGroupedSampler(EpochSeededSampler):
+    """A random order in which neighbours have similar article lengths (less padding).
+
+    As HF's LengthGroupedSampler: shuffle, cut into pools of `pool` batches, sort each pool by
+    length (longest first), and shuffle the batches of the pool. A DataLoader taking
+    `batch_size` indices at a time then pads each batch to a similar length; the order depends
+    only on (seed, epoch), like `EpochSeededSampler`, so resumed runs see the same batches.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int | None = None,
+                 pool: int = 50) -> None:
+        super().__init__(len(lengths), seed)
+        self.lengths = torch.as_tensor(list(lengths))
+        self.batch_size, self.pool = int(batch_size), int(pool)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.n, generator=g)
+        result = []
+        for start in range(0, self.n, self.batch_size * self.pool):
+            chunk = order[start : start + self.batch_size * self.pool]
+            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
+            batches = list(chunk.split(self.batch_size))
+            for i in torch.randperm(len(batches), generator=g).tolist():
+                result.extend(batches[i].tolist())
+        return iter(result)
+
+
 class HeadlineDataModule(pl.LightningDataModule):
     def __init__(
         self,
@@ -161,11 +189,13 @@ class HeadlineDataModule(pl.LightningDataModule):
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         if split not in self.data:
             self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+        data = self.data[split]
         return DataLoader(
-            self.data[split],
+            data,
             batch_size=batch_size,
             # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler=EpochSeededSampler(len(self.data[split])) if shuffle else None,
+            sampler=LengthGroupedSampler([len(d["src_ids"]) for d in data], batch_size)
+            if shuffle else None,
             collate_fn=collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,

@@ -1,13 +1,16 @@
-"""Batched greedy and beam search for an encoder-decoder (`encode`, `decode_hidden`, `project`).
+"""Batched greedy and beam search for an encoder-decoder, with a key/value cache.
 
 The model protocol (see `tasks.headline.model.HeadlineTransformer`):
 
-    memory = model.encode(src_ids, src_padding_mask)                       # (B, S, D)
-    hidden = model.decode_hidden(prefix_ids, memory, memory_padding_mask)  # (B, T, D)
-    logits = model.project(hidden)                                         # (..., V)
+    memory = model.encode(src_ids, src_padding_mask)              # (B, S, D)
+    cache = model.start_decoding(memory, src_padding_mask)        # cross-attention K/V once
+    hidden = model.decode_step(token_ids, cache)                  # (B, D), the next position
+    logits = model.project(hidden)                                # (B, V)
+    cache.select(rows)                                            # beam search: keep these rows
 
-Each step re-runs the decoder on the whole prefix (no key/value cache): headlines are short
-(<= 64 positions), and the decoder layers stay the plain library layers.
+A step feeds one token per hypothesis (`tasks.headline.incremental`), so decoding costs one
+decoder pass per generated token instead of one per prefix position, and the article is
+projected to cross-attention keys/values once instead of at every step.
 
 Both searches pick tokens with the same `_top_tokens`, so that beam search with one beam is
 exactly greedy search (same ties, same ids), which the tests check.
@@ -36,13 +39,9 @@ def _check_max_length(model, max_length: int) -> None:
         )
 
 
-def _next_log_probs(
-    model, prefix: Tensor, memory: Tensor, memory_padding_mask: Tensor | None
-) -> Tensor:
-    # Only the last position goes through the vocabulary projection: projecting the whole prefix
-    # onto 30k words at every step would cost more than all the decoder layers.
-    hidden = model.decode_hidden(prefix, memory, memory_padding_mask)[:, -1]
-    return torch.log_softmax(model.project(hidden).float(), dim=-1)
+def _next_log_probs(model, token: Tensor, cache) -> Tensor:
+    """Log-probabilities (B, V) of the token after `token`, the newest of each prefix."""
+    return torch.log_softmax(model.project(model.decode_step(token, cache)).float(), dim=-1)
 
 
 def _top_tokens(log_probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -61,12 +60,12 @@ def greedy_decode(
     max_length: int,
 ) -> Tensor:
     _check_max_length(model, max_length)
-    memory = model.encode(src_ids, src_padding_mask)
+    cache = model.start_decoding(model.encode(src_ids, src_padding_mask), src_padding_mask)
     batch = src_ids.shape[0]
     prefix = torch.full((batch, 1), bos_id, dtype=torch.long, device=src_ids.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)
     for _ in range(max_length):
-        log_probs = _next_log_probs(model, prefix, memory, src_padding_mask)
+        log_probs = _next_log_probs(model, prefix[:, -1], cache)
         token = _top_tokens(log_probs, 1)[1].squeeze(-1)
         token = token.masked_fill(finished, pad_id)
         prefix = torch.cat([prefix, token[:, None]], dim=1)
@@ -105,10 +104,10 @@ def beam_search(
     _check_max_length(model, max_length)
     device = src_ids.device
     batch, k = src_ids.shape[0], beam_size
-    memory = model.encode(src_ids, src_padding_mask)
-    # Every example's encoder output, repeated for its k hypotheses: rows b*k .. b*k + k - 1.
-    memory = memory.repeat_interleave(k, dim=0)
-    memory_mask = None if src_padding_mask is None else src_padding_mask.repeat_interleave(k, dim=0)
+    # The cache starts with one row per example; repeating it makes rows b*k .. b*k + k - 1 the
+    # k hypotheses of example b (the article's keys/values are projected once, not k times).
+    cache = model.start_decoding(model.encode(src_ids, src_padding_mask), src_padding_mask)
+    cache.select(torch.arange(batch, device=device).repeat_interleave(k))
 
     prefix = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     # Only the first hypothesis is alive at the start; the others would duplicate it.
@@ -119,7 +118,7 @@ def beam_search(
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
 
     for _ in range(max_length):
-        log_probs = _next_log_probs(model, prefix, memory, memory_mask)
+        log_probs = _next_log_probs(model, prefix[:, -1], cache)
         # Finished hypotheses: the only continuation is padding, at no cost.
         pad_only = torch.full_like(log_probs, float("-inf"))
         pad_only[:, pad_id] = 0.0
@@ -134,6 +133,7 @@ def beam_search(
         token = tokens.view(batch, k * n).gather(1, flat).view(-1)
 
         was_finished = finished[parent]
+        cache.select(parent, same_sources=True)  # parents are hypotheses of the same example
         prefix = torch.cat([prefix[parent], token[:, None]], dim=1)
         scores = best
         lengths = lengths[parent] + (~was_finished).long()

@@ -2,8 +2,10 @@
 
 - One WordPiece vocabulary: the encoder input embeddings, decoder input embeddings and output
   projection share one matrix (as BERT ties its MLM output to its input embeddings).
-- BERT-style embeddings on both sides (word + learned position + LayerNorm), post-LN layers, and
-  BERT's LM-head transform before the tied output, so that `init=bert` can load all of them
+- BERT-style embeddings on both sides (word + learned position + LayerNorm), post-LN layers as
+  BERT (`norm_first=False`, which `init=bert` needs) or pre-LN (`norm_first=True`, with a final
+  LayerNorm per stack: trains stably at higher learning rates from scratch), and BERT's LM-head
+  transform before the tied output, so that `init=bert` can load all of them
   (see `tasks.headline.bert_init`).
 - The encoder layers use the `model=` attention spec (unas/dnas/hnas/sinkhorn); the decoder's
   self- and cross-attention use `decoder_attention`, which must be UNAS: a query-normalized scheme
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
+from tasks.headline.incremental import DecoderCache, layer_step, start_cache
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -67,6 +70,7 @@ class HeadlineTransformer(nn.Module):
         max_source_positions: int = 128,
         max_target_positions: int = 64,
         layer_norm_eps: float = 1e-12,
+        norm_first: bool = False,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -100,7 +104,7 @@ class HeadlineTransformer(nn.Module):
             # None: same as dropout. With dropout on attention weights, DNAS/HNAS materialize S x S.
             "attn_dropout": attention_dropout,
             "activation": activation,
-            "norm_first": False,
+            "norm_first": norm_first,
             "layer_norm_eps": layer_norm_eps,
         }
         self.encoder_layers = nn.ModuleList(
@@ -111,6 +115,9 @@ class HeadlineTransformer(nn.Module):
             TransformerDecoderLayer(spec=decoder_spec, **layer_args)
             for _ in range(num_decoder_layers)
         )
+        # Pre-LN stacks end with a LayerNorm (their residual stream is never normalized otherwise).
+        self.encoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
         # BERT's LM head: dense + activation + LayerNorm, then the tied output projection + bias.
         self.head_transform = nn.Sequential(
             nn.Linear(d_model, d_model),
@@ -128,7 +135,7 @@ class HeadlineTransformer(nn.Module):
         x = self.encoder_embeddings(src_ids)
         for layer in self.encoder_layers:
             x = layer(x, key_padding_mask=src_padding_mask)
-        return x
+        return self.encoder_norm(x)
 
     def decode(
         self,
@@ -162,7 +169,30 @@ class HeadlineTransformer(nn.Module):
                 tgt_key_padding_mask=tgt_padding_mask,
                 memory_key_padding_mask=memory_padding_mask,
             )
-        return y
+        return self.decoder_norm(y)
+
+    def start_decoding(self, memory: Tensor, memory_padding_mask: Tensor | None = None) -> DecoderCache:
+        """A key/value cache for `decode_step` (cross-attention keys/values projected once)."""
+        return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
+
+    def decode_step(self, token_ids: Tensor, cache: DecoderCache) -> Tensor:
+        """Decoder state (B, D) after feeding token_ids (B,) at the next position (eval only).
+
+        Equals `decode_hidden(prefix, ...)[:, -1]` for the prefix fed so far (tested).
+        """
+        position = cache.length
+        if position >= self.max_target_positions:
+            raise ConfigError(
+                f"decoding past the {self.max_target_positions} decoder positions; lower the "
+                f"decoding max length"
+            )
+        emb = self.decoder_embeddings
+        y = emb.word(token_ids) + emb.position.weight[position]
+        y = emb.dropout(emb.norm(y))[:, None]
+        for index, layer in enumerate(self.decoder_layers):
+            y = layer_step(layer, y, cache, index)
+        cache.length += 1
+        return self.decoder_norm(y[:, 0])
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) of the token after each position of tgt_ids."""

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
+from tasks.common.optim import parameter_groups, warmup_linear_decay
 from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
 from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
@@ -55,9 +56,11 @@ class HeadlineModule(pl.LightningModule):
         dim_feedforward: int = 512,
         dropout: float = 0.1,
         attention_dropout: float | None = None,
+        norm_first: bool = False,
         max_source_positions: int = 128,
         max_target_positions: int = 64,
         lr: float = 5e-4,
+        hybrid_lr: float | None = None,
         weight_decay: float = 0.01,
         warmup_steps: int = 100,
         label_smoothing: float = 0.1,
@@ -81,11 +84,13 @@ class HeadlineModule(pl.LightningModule):
             "num_decoder_layers": num_decoder_layers,
             "dim_feedforward": dim_feedforward,
             "dropout": dropout,
+            "norm_first": norm_first,
         }
         if init == "bert":
             from tasks.headline.bert_init import bert_sizes
 
-            sizes = bert_sizes(sizes, max_source_positions, max_target_positions)
+            # The checkpoint fixes the architecture: its sizes, and BERT's post-LN layers.
+            sizes = bert_sizes(dict(sizes, norm_first=False), max_source_positions, max_target_positions)
         self.model = HeadlineTransformer(
             vocab_size,
             pad_id,
@@ -217,28 +222,12 @@ class HeadlineModule(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        # No weight decay on 1-D parameters (biases, LayerNorm, HNAS u logits), as for BERT.
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            if not param.requires_grad:
-                continue
-            (no_decay if param.dim() < 2 else decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": hp.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=hp.lr,
-        )
+        groups = parameter_groups(self.model, hp.weight_decay, hp.lr, hp.hybrid_lr)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = min(int(hp.warmup_steps), total)
-
-        def warmup_then_linear_decay(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            return max(0.0, (total - step) / max(total - warmup, 1))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, warmup_linear_decay(total, min(int(hp.warmup_steps), total))
+        )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

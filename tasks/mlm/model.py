@@ -2,6 +2,8 @@
 
 The layers are `attnlab.attention.TransformerEncoderLayer` (post-LN, GELU, eps 1e-12), so with
 `spec=unas` and weights from a BERT checkpoint this is exactly HF `BertModel` (tested).
+`norm_first=True` makes them pre-LN (plus a final LayerNorm): not BERT, but it trains stably at
+the higher learning rates that short CPU runs need.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class BertEncoder(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 256, num_layers: int = 4, nhead: int = 4,
                  dim_feedforward: int = 1024, max_position: int = 512, type_vocab_size: int = 2,
                  dropout: float = 0.1, attn_dropout: float = 0.1, layer_norm_eps: float = 1e-12,
-                 pad_id: int = 0, spec: AttentionSpec | dict | str = "unas") -> None:
+                 pad_id: int = 0, spec: AttentionSpec | dict | str = "unas", norm_first: bool = False) -> None:
         super().__init__()
         spec = AttentionSpec.from_config(spec)
         self.pad_id = pad_id
@@ -54,9 +56,11 @@ class BertEncoder(nn.Module):
                                          dropout, layer_norm_eps, pad_id)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, spec=spec, activation="gelu",
-                                    norm_first=False, layer_norm_eps=layer_norm_eps, attn_dropout=attn_dropout)
+                                    norm_first=norm_first, layer_norm_eps=layer_norm_eps, attn_dropout=attn_dropout)
             for _ in range(num_layers)
         )
+        # Pre-LN layers leave the residual stream unnormalized: one LayerNorm after the stack.
+        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
 
     def forward(self, input_ids: Tensor, padding_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
@@ -66,7 +70,7 @@ class BertEncoder(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.layers:
             x = layer(x, key_padding_mask=padding_mask)
-        return x
+        return self.final_norm(x)
 
 
 class MLMHead(nn.Module):

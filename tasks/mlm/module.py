@@ -20,6 +20,7 @@ from torchmetrics.text import Perplexity
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
 from tasks.common import bert_assets
+from tasks.common.optim import parameter_groups, warmup_linear_decay
 from tasks.mlm.masking import IGNORE
 from tasks.mlm.model import BertForMLM, load_bert_weights
 
@@ -57,8 +58,10 @@ class MLMModule(pl.LightningModule):
         max_position: int = 512,
         dropout: float = 0.1,
         attn_dropout: float = 0.1,
+        norm_first: bool = False,
         optimizer: str = "adamw",
         lr: float = 5e-4,
+        hybrid_lr: float | None = None,
         betas: Sequence[float] = (0.9, 0.999),
         eps: float = 1e-6,
         weight_decay: float = 0.01,
@@ -78,11 +81,12 @@ class MLMModule(pl.LightningModule):
             if arch["vocab_size"] != vocab_size:
                 raise ConfigError(f"the tokenizer has {vocab_size} tokens but the BERT checkpoint {arch['vocab_size']}")
             print(f"[mlm] task.init=bert: {arch['num_layers']} layers, {arch['d_model']} wide, "
-                  f"{arch['nhead']} heads from the packaged config (task sizes ignored)")
-            sizes = arch
+                  f"{arch['nhead']} heads, post-LN from the packaged config (task sizes ignored)")
+            sizes, norm_first = arch, False
         if max_length > sizes["max_position"]:
             raise ConfigError(f"task.data.max_length={max_length} exceeds the {sizes['max_position']} positions")
-        self.model = BertForMLM(**sizes, dropout=dropout, attn_dropout=attn_dropout, spec=self.spec)
+        self.model = BertForMLM(**sizes, dropout=dropout, attn_dropout=attn_dropout, spec=self.spec,
+                                norm_first=norm_first)
         if init == "bert":
             left = load_bert_weights(self.model, bert_assets.load_bert_state_dict())
             print(f"[mlm] loaded the packaged BERT weights; left at init: {', '.join(left) or 'none'}")
@@ -130,13 +134,7 @@ class MLMModule(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        # No weight decay on vectors (biases, LayerNorm, embeddings' LN, the HNAS logit of u):
-        # decay would pull u towards 0.5 and bias where HNAS puts its weight.
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = parameter_groups(self, hp.weight_decay, hp.lr, hp.hybrid_lr)
         if hp.optimizer == "lamb":
             try:
                 from pytorch_optimizer import Lamb
@@ -147,11 +145,5 @@ class MLMModule(pl.LightningModule):
             optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = int(hp.warmup * total) if hp.warmup < 1 else int(hp.warmup)
-
-        def linear_warmup_decay(step: int) -> float:  # BERT's schedule
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(total, warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,112 @@
+"""Incremental decoding: one new token per step with cached keys/values (UNAS decoder only).
+
+Re-running the decoder on the whole prefix at every step costs O(T^2) token passes, and, worse,
+recomputes the cross-attention keys/values of the whole article at every step and every layer.
+`DecoderCache` keeps, per decoder layer,
+
+- the article's cross-attention keys/values, projected once per batch;
+- the keys/values of the previous target positions for the causal self-attention,
+
+so a step costs one token per layer. The step uses the submodules of the library's
+`TransformerDecoderLayer` (same weights, same order of operations, eval mode: dropout off) and
+`attend(scheme="unas")`; `tests/test_headline_decoding.py` checks that it equals the full
+teacher-forced decoder at every position. Beam search reorders the cache with `select`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from attnlab.attention import TransformerDecoderLayer, attend
+
+
+def _heads(x: Tensor, num_heads: int) -> Tensor:
+    """(B, S, E) -> (B, H, S, E / H)."""
+    b, s, e = x.shape
+    return x.view(b, s, num_heads, e // num_heads).transpose(1, 2)
+
+
+def _merge(x: Tensor) -> Tensor:
+    """(B, H, S, d) -> (B, S, H * d)."""
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, h * d)
+
+
+@dataclass
+class DecoderCache:
+    memory_keys: list[Tensor]  # per layer (B, H, S_src, d)
+    memory_values: list[Tensor]
+    memory_padding_mask: Tensor | None  # (B, S_src), True = padding
+    self_keys: list[Tensor] = field(default_factory=list)  # per layer (B, H, t, d)
+    self_values: list[Tensor] = field(default_factory=list)
+    length: int = 0  # target positions already decoded
+
+    def select(self, rows: Tensor, same_sources: bool = False) -> None:
+        """Keep rows `rows` (in that order), e.g. the parents of the surviving beam hypotheses.
+
+        same_sources=True promises that every row keeps the article it had (beam search only
+        reorders hypotheses within an example), so the article's keys/values are not copied.
+        """
+        self.self_keys = [t.index_select(0, rows) for t in self.self_keys]
+        self.self_values = [t.index_select(0, rows) for t in self.self_values]
+        if same_sources:
+            return
+        self.memory_keys = [t.index_select(0, rows) for t in self.memory_keys]
+        self.memory_values = [t.index_select(0, rows) for t in self.memory_values]
+        if self.memory_padding_mask is not None:
+            self.memory_padding_mask = self.memory_padding_mask.index_select(0, rows)
+
+
+def start_cache(
+    layers: list[TransformerDecoderLayer], memory: Tensor, memory_padding_mask: Tensor | None
+) -> DecoderCache:
+    keys, values = [], []
+    for layer in layers:
+        attn = layer.cross_attn
+        keys.append(_heads(attn.k_proj(memory), attn.num_heads))
+        values.append(_heads(attn.v_proj(memory), attn.num_heads))
+    return DecoderCache(keys, values, memory_padding_mask)
+
+
+def _self_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
+    attn = layer.self_attn
+    q = _heads(attn.q_proj(x), attn.num_heads)
+    k = _heads(attn.k_proj(x), attn.num_heads)
+    v = _heads(attn.v_proj(x), attn.num_heads)
+    if index < len(cache.self_keys):
+        k = torch.cat([cache.self_keys[index], k], dim=2)
+        v = torch.cat([cache.self_values[index], v], dim=2)
+        cache.self_keys[index], cache.self_values[index] = k, v
+    else:
+        cache.self_keys.append(k)
+        cache.self_values.append(v)
+    # The newest position may see every cached one: causality holds without a mask.
+    return attn.out_proj(_merge(attend(q, k, v, scheme="unas")))
+
+
+def _cross_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
+    attn = layer.cross_attn
+    q = _heads(attn.q_proj(x), attn.num_heads)
+    out = attend(q, cache.memory_keys[index], cache.memory_values[index], scheme="unas",
+                 key_padding_mask=cache.memory_padding_mask)
+    return attn.out_proj(_merge(out))
+
+
+def layer_step(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
+    """One decoder layer on the newest position only: x (B, 1, D) -> (B, 1, D)."""
+    if layer.self_attn.scheme != "unas" or layer.cross_attn.scheme != "unas":
+        raise ValueError("incremental decoding assumes UNAS decoder attention")
+    if layer.norm_first:
+        x = x + _self_attention(layer, layer.norm1(x), cache, index)
+        x = x + _cross_attention(layer, layer.norm2(x), cache, index)
+        return x + _feed_forward(layer, layer.norm3(x))
+    x = layer.norm1(x + _self_attention(layer, x, cache, index))
+    x = layer.norm2(x + _cross_attention(layer, x, cache, index))
+    return layer.norm3(x + _feed_forward(layer, x))
+
+
+def _feed_forward(layer: TransformerDecoderLayer, x: Tensor) -> Tensor:
+    return layer.linear2(layer.activation(layer.linear1(x)))  # decoding runs in eval: no dropout
