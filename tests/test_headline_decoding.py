@@ -88,6 +88,30 @@ def test_cached_decode_step_equals_the_full_decoder(one_thread, norm_first):
         torch.testing.assert_close(model.decode_step(nxt[:, 0], cache), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_cascaded_decoders_fall_back_to_the_exact_prefix_decoder(one_thread):
+    from tasks.headline.incremental import DecoderCache, PrefixCache
+
+    src, mask = padded_sources([9, 4, 16], vocab=40)
+    prefix = torch.randint(3, 40, (3, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        # CODA cascades logits through the decoder stack: no per-layer cache, the prefix is re-run
+        coda = tiny_model(attention="coda")
+        memory = coda.encode(src, mask)
+        state = coda.start_decoding(memory, mask)
+        assert isinstance(state, PrefixCache)
+        full = coda.decode_hidden(prefix, memory, mask)
+        for t in range(prefix.shape[1]):
+            torch.testing.assert_close(coda.decode_step(prefix[:, t], state), full[:, t])
+        # the fallback and the cache agree on a plain UNAS decoder
+        plain = tiny_model()
+        memory = plain.encode(src, mask)
+        cache, fallback = plain.start_decoding(memory, mask), PrefixCache(memory, mask)
+        assert isinstance(cache, DecoderCache)
+        for t in range(prefix.shape[1]):
+            torch.testing.assert_close(plain.decode_step(prefix[:, t], cache),
+                                       plain.decode_step(prefix[:, t], fallback), atol=1e-5, rtol=1e-5)
+
+
 def test_beam_one_equals_greedy_exactly(one_thread):
     model = tiny_model()
     with torch.no_grad():

@@ -11,6 +11,11 @@ so a step costs one token per layer. The step uses the submodules of the library
 `TransformerDecoderLayer` (same weights, same order of operations, eval mode: dropout off) and
 `attend(scheme="unas")`; `tests/test_headline_decoding.py` checks that it equals the full
 teacher-forced decoder at every position. Beam search reorders the cache with `select`.
+
+Only plain UNAS decoder attention is cached. A decoder whose attention carries state between
+layers or positions (CODA / RealFormer cascade their logits through the stack) gets a
+`PrefixCache` instead, which keeps the prefix and re-runs the full decoder at every step (same
+interface, exact by construction).
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from attnlab.attention import TransformerDecoderLayer, attend
+from attnlab.attention import MultiHeadAttention, TransformerDecoderLayer, attend
+
+
+def cacheable(layers: list[TransformerDecoderLayer]) -> bool:
+    """True when every decoder attention is the library's plain UNAS attention."""
+    return all(
+        type(attn) is MultiHeadAttention and attn.scheme == "unas"
+        for layer in layers
+        for attn in (layer.self_attn, layer.cross_attn)
+    )
 
 
 def _heads(x: Tensor, num_heads: int) -> Tensor:
@@ -110,3 +124,27 @@ def layer_step(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, i
 
 def _feed_forward(layer: TransformerDecoderLayer, x: Tensor) -> Tensor:
     return layer.linear2(layer.activation(layer.linear1(x)))  # decoding runs in eval: no dropout
+
+
+@dataclass
+class PrefixCache:
+    """The fallback "cache": the article's states and the prefix fed so far."""
+
+    memory: Tensor  # (B, S_src, D)
+    memory_padding_mask: Tensor | None
+    prefix: Tensor | None = None  # (B, t) token ids
+    length: int = 0
+
+    def select(self, rows: Tensor, same_sources: bool = False) -> None:
+        if self.prefix is not None:
+            self.prefix = self.prefix.index_select(0, rows)
+        if not same_sources:
+            self.memory = self.memory.index_select(0, rows)
+            if self.memory_padding_mask is not None:
+                self.memory_padding_mask = self.memory_padding_mask.index_select(0, rows)
+
+    def append(self, token_ids: Tensor) -> Tensor:
+        """The prefix with `token_ids` (B,) appended."""
+        column = token_ids[:, None]
+        self.prefix = column if self.prefix is None else torch.cat([self.prefix, column], dim=1)
+        return self.prefix

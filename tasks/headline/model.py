@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
-from tasks.headline.incremental import DecoderCache, layer_step, start_cache
+from tasks.headline.incremental import DecoderCache, PrefixCache, cacheable, layer_step, start_cache
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -171,11 +171,16 @@ class HeadlineTransformer(nn.Module):
             )
         return self.decoder_norm(y)
 
-    def start_decoding(self, memory: Tensor, memory_padding_mask: Tensor | None = None) -> DecoderCache:
-        """A key/value cache for `decode_step` (cross-attention keys/values projected once)."""
-        return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
+    def start_decoding(
+        self, memory: Tensor, memory_padding_mask: Tensor | None = None
+    ) -> DecoderCache | PrefixCache:
+        """A key/value cache for `decode_step` (cross-attention keys/values projected once); a
+        prefix store for decoders whose attention cannot be cached (cascades: CODA, RealFormer)."""
+        if cacheable(list(self.decoder_layers)):
+            return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
+        return PrefixCache(memory, memory_padding_mask)
 
-    def decode_step(self, token_ids: Tensor, cache: DecoderCache) -> Tensor:
+    def decode_step(self, token_ids: Tensor, cache: DecoderCache | PrefixCache) -> Tensor:
         """Decoder state (B, D) after feeding token_ids (B,) at the next position (eval only).
 
         Equals `decode_hidden(prefix, ...)[:, -1]` for the prefix fed so far (tested).
@@ -186,6 +191,10 @@ class HeadlineTransformer(nn.Module):
                 f"decoding past the {self.max_target_positions} decoder positions; lower the "
                 f"decoding max length"
             )
+        if isinstance(cache, PrefixCache):
+            prefix = cache.append(token_ids)
+            cache.length += 1
+            return self.decode_hidden(prefix, cache.memory, cache.memory_padding_mask)[:, -1]
         emb = self.decoder_embeddings
         y = emb.word(token_ids) + emb.position.weight[position]
         y = emb.dropout(emb.norm(y))[:, None]
