@@ -29,9 +29,13 @@ METHODS = {
     "unas_naive": "UNAS naive (materialized)",
     "dnas_reference": "DNAS reference (materialized)",
     "hnas_reference": "HNAS reference (materialized)",
-    "dnas_efficient": "DNAS efficient",
-    "hnas_efficient": "HNAS efficient",
+    "dnas_efficient": "DNAS efficient (fused kernel)",
+    "hnas_efficient": "HNAS efficient (fused kernel)",
+    "dnas_composed": "DNAS composed flash (fallback)",
+    "hnas_composed": "HNAS composed flash (fallback)",
 }
+# The fallback without a C++ compiler: attend() with the fused kernel switched off.
+COMPOSED = ("dnas_composed", "hnas_composed")
 # Rough number of live (B, H, S, S) float32 tensors at the peak of fwd+bwd, for skipping.
 MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10}
 FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
@@ -40,13 +44,20 @@ QUICK_LENGTHS = (128, 512)
 
 def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, threads: int) -> dict:
     """Time one method in this (fresh) process: lists of wall and CPU seconds, peak RSS in GiB."""
+    import os
+
+    if method in COMPOSED:
+        os.environ["ATTNLAB_FUSED_KERNEL"] = "0"
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from attnlab.attention import attend
+    from attnlab.attention import attend, fused
     from attnlab.attention.reference import reference_attend
+
+    if method.endswith("_efficient") and not fused.load():
+        raise SystemExit("the fused kernel did not build (see the warning above)")
 
     def unas_naive(q, k, v):
         w = torch.softmax(q @ k.transpose(-2, -1) / d**0.5, dim=-1)
@@ -59,6 +70,8 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         "hnas_reference": lambda q, k, v, u: reference_attend(q, k, v, "hnas", u=u),
         "dnas_efficient": lambda q, k, v, u: attend(q, k, v, "dnas"),
         "hnas_efficient": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
+        "dnas_composed": lambda q, k, v, u: attend(q, k, v, "dnas"),
+        "hnas_composed": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
     }
     fn = methods[method]
 
@@ -151,6 +164,10 @@ def main() -> None:
         print(json.dumps(res))
         return
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from attnlab.attention import fused
+
+    fused.load()  # build the kernel once here, not inside a timed worker
     lengths = args.seq or (QUICK_LENGTHS if args.quick else FULL_LENGTHS)
     methods = ["unas_sdpa"] + [m for m in args.methods if m != "unas_sdpa"]
     rows = []

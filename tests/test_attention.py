@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import subprocess
+import sys
+import textwrap
+from unittest import mock
 
 import pytest
 import torch
@@ -10,11 +15,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention import attend, attention_weights
+from attnlab.attention import attend, attention_weights, fused
 from attnlab.attention.reference import reference_attend
 from attnlab.errors import ConfigError
 
 SCHEMES = ["unas", "dnas", "hnas", "sinkhorn"]
+# How `attend` computes dnas / hnas: the fused C++ kernel, or (where it cannot be built) ATen's
+# flash kernel composed in Python. Both must match the reference.
+BACKENDS = ["fused", "composed"]
+
+
+@contextlib.contextmanager
+def use_backend(backend: str):
+    if backend == "fused":
+        assert fused.load(), "the fused kernel did not build (see the warning)"
+        yield
+    else:
+        with mock.patch.object(fused, "load", lambda: False):
+            yield
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    with use_backend(request.param):
+        yield request.param
 
 
 def make_inputs(B=3, H=2, S_q=7, S_k=5, d=8, d_v=8, dtype=torch.float32, seed=0, logit_scale=1.0,
@@ -42,8 +66,9 @@ def grads(fn, tensors, g_out):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("shape", [(6, 6, 8, 8), (7, 4, 8, 8), (3, 9, 4, 6)], ids=["self", "cross", "dv"])
-def test_efficient_matches_reference(scheme, shape):
+@pytest.mark.parametrize("shape", [(6, 6, 8, 8), (7, 4, 8, 8), (3, 9, 4, 6), (300, 20, 64, 64)],
+                         ids=["self", "cross", "dv", "blocks"])
+def test_efficient_matches_reference(scheme, shape, backend):
     S_q, S_k, d, d_v = shape
     q, k, v, u, kpm, qpm = make_inputs(S_q=S_q, S_k=S_k, d=d, d_v=d_v, seed=S_q * 31 + S_k)
     tensors = [t.requires_grad_() for t in (q, k, v, u)]
@@ -51,12 +76,12 @@ def test_efficient_matches_reference(scheme, shape):
     kw = {"key_padding_mask": kpm, "query_padding_mask": qpm, "u": u if scheme == "hnas" else None}
     if scheme != "hnas":
         tensors = tensors[:3]  # u is an input of hnas only
-    fused = grads(lambda: attend(q, k, v, scheme, **kw), tensors, g_out)
+    got = grads(lambda: attend(q, k, v, scheme, **kw), tensors, g_out)
     ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, kw["u"]), tensors, g_out)
-    out_f, out_r = fused[0], ref[0]
+    out_f, out_r = got[0], ref[0]
     assert torch.isfinite(out_f).all()
     torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=0)
-    for gf, gr in zip(fused[1:], ref[1:]):
+    for gf, gr in zip(got[1:], ref[1:]):
         assert torch.isfinite(gf).all()
         torch.testing.assert_close(gf, gr, atol=1e-4, rtol=0)
     # Padded queries give zero rows; batch item 0 has no valid key at all -> zeros.
@@ -65,7 +90,7 @@ def test_efficient_matches_reference(scheme, shape):
 
 
 @pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
-def test_gradcheck_float64(scheme):
+def test_gradcheck_float64(scheme, backend):
     q, k, v, u, _, _ = make_inputs(B=2, H=2, S_q=4, S_k=3, d=3, d_v=2, dtype=torch.float64, seed=5,
                                    pad=False)
     kpm = torch.tensor([[False, False, True], [False, False, False]])
@@ -80,7 +105,7 @@ def test_gradcheck_float64(scheme):
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
 
 
-def test_hnas_endpoints_equal_unas_and_dnas():
+def test_hnas_endpoints_equal_unas_and_dnas(backend):
     q, k, v, _, kpm, qpm = make_inputs(seed=3)
     kw = {"key_padding_mask": kpm, "query_padding_mask": qpm}
     for fn in (attend, lambda q, k, v, s, **kw: attention_weights(q, k, s, **kw)):
@@ -178,7 +203,7 @@ class _RecordShapes(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
-def test_fused_path_never_materializes_scores(scheme):
+def test_fused_path_never_materializes_scores(scheme, backend):
     B, H, S, d = 2, 2, 256, 16
     q, k, v = (torch.randn(B, H, S, d, requires_grad=True) for _ in range(3))
     u = torch.full((1, H, 1, 1), 0.3, requires_grad=True)
@@ -258,6 +283,12 @@ def test_weight_invariants(p):
 @settings(max_examples=40, deadline=None)
 @given(attention_problems())
 def test_attend_is_finite_with_zero_padded_rows(p):
+    for backend in BACKENDS:
+        with use_backend(backend):
+            _check_attend_is_finite(p)
+
+
+def _check_attend_is_finite(p):
     kpm, qpm, scheme = p["kpm"], p["qpm"], p["scheme"]
     q, k, v, u = (p[n].clone().requires_grad_() for n in ("q", "k", "v", "u"))
     with _maybe_autocast(p["autocast"]):
@@ -277,29 +308,68 @@ def test_attend_is_finite_with_zero_padded_rows(p):
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
 def test_backward_in_batch_chunks_matches_reference(scheme, monkeypatch):
-    """Large inputs run the DNAS backward over batch chunks; force one item per chunk."""
-    from attnlab.attention import efficient
+    """Composed path: large inputs run the backward over batch chunks; force one item per chunk."""
+    from attnlab.attention import composed
 
-    monkeypatch.setattr(efficient, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(composed, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(fused, "load", lambda: False)
     q, k, v, u, kpm, qpm = make_inputs(S_q=5, S_k=6, seed=11)
     tensors = [t.requires_grad_() for t in (q, k, v)]
     g_out = torch.randn(3, 2, 5, 8)
     u = u if scheme == "hnas" else None
-    fused = grads(lambda: attend(q, k, v, scheme, kpm, qpm, u=u), tensors, g_out)
+    got = grads(lambda: attend(q, k, v, scheme, kpm, qpm, u=u), tensors, g_out)
     ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, u), tensors, g_out)
-    for a, b in zip(fused, ref):
+    for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_hnas_backward_without_the_folded_c_gradient(monkeypatch):
-    """Extreme logit ranges switch the HNAS backward to the extra forward pass; same result."""
-    from attnlab.attention import efficient
+    """Composed path: extreme logit ranges switch the HNAS backward to the extra forward pass."""
+    from attnlab.attention import composed
 
-    monkeypatch.setattr(efficient, "FOLD_MAX_RANGE", -1.0)
+    monkeypatch.setattr(composed, "FOLD_MAX_RANGE", -1.0)
+    monkeypatch.setattr(fused, "load", lambda: False)
     q, k, v, u, kpm, qpm = make_inputs(S_q=6, S_k=4, seed=12)
     tensors = [t.requires_grad_() for t in (q, k, v, u)]
     g_out = torch.randn(3, 2, 6, 8)
-    fused = grads(lambda: attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
+    got = grads(lambda: attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
     ref = grads(lambda: reference_attend(q, k, v, "hnas", kpm, qpm, u), tensors, g_out)
-    for a, b in zip(fused, ref):
+    for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_fused_kernel_is_what_attend_runs():
+    """On this machine (a C++ compiler is present) dnas/hnas must not silently fall back."""
+    assert fused.load()
+    q, k, v, u, kpm, qpm = make_inputs(seed=13)
+    with mock.patch.object(fused, "query_normalized_attend", wraps=fused.query_normalized_attend) as spy:
+        attend(q, k, v, "dnas", kpm, qpm)
+        attend(q, k, v, "hnas", kpm, qpm, u=u)
+        attend(q, k, v, "sinkhorn", kpm, qpm, n_iter=1)
+    assert spy.call_count == 3
+
+
+def test_fused_kernel_memory_is_linear_in_sequence_length():
+    """The C++ kernel's own buffers are invisible to dispatch modes: measure the process.
+
+    In a fresh process, after a warm-up, fwd+bwd at S=4096 (B=H=1, d=64) must grow the peak
+    RSS by far less than one S x S float32 matrix (64 MiB); inputs and grads are ~6 MiB.
+    """
+    script = textwrap.dedent("""
+        import resource, torch
+        from attnlab.attention import attend, fused
+        assert fused.load()
+        torch.set_num_threads(1)
+        def run(S):
+            q, k, v = (torch.randn(1, 1, S, 64, requires_grad=True) for _ in range(3))
+            u = torch.full((1, 1, 1, 1), 0.5, requires_grad=True)
+            for scheme in ("dnas", "hnas"):
+                attend(q, k, v, scheme, u=u).sum().backward()
+        run(64)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        run(4096)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    grown_mib = float(out.stdout.strip().splitlines()[-1])
+    assert grown_mib < 24, f"peak RSS grew by {grown_mib:.1f} MiB at S=4096"

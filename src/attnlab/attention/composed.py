@@ -1,4 +1,9 @@
-"""Fused attention for unas / dnas / hnas that never materializes S_q x S_k (forward or backward).
+"""Attention for unas / dnas / hnas composed from ATen's CPU flash-attention kernel: never
+materializes S_q x S_k (forward or backward).
+
+`unas_flash` is what `attend` always uses for UNAS. For DNAS / HNAS this module is the fallback
+where the fused kernel (`fused.py`) cannot be built; it is exact, but each of its passes
+recomputes the scores, so it is slower (measured in bench/attention.py: method *_composed).
 
 Everything runs on one CPU kernel, `aten._scaled_dot_product_flash_attention_for_cpu` (flash
 attention; it returns the output and the row log-sum-exp) and its backward. Facts used
@@ -42,18 +47,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention import reference
-
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 # Bytes of one (B_chunk, H, S, d + 1) float tensor in the backward: it runs over batch chunks of
 # about this size so that its padded temporaries stay small next to the inputs.
 CHUNK_BYTES = 16 * 2**20
-
-
-def flash_supported(q: Tensor) -> bool:
-    return q.device.type == "cpu"
 
 
 def padding_bias(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -277,38 +276,3 @@ def hnas_flash(q, k, v, u, key_padding_mask=None, query_padding_mask=None) -> Te
     with torch.no_grad():
         c, _ = column_pass(q, k, query_padding_mask)
     return _QueryNormalized.apply(q, k, v, u, c, None, key_padding_mask, query_padding_mask)
-
-
-def efficient_attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scheme: str,
-    key_padding_mask: Tensor | None,
-    query_padding_mask: Tensor | None,
-    u: Tensor | None,
-    causal: bool,
-    dropout_p: float,
-) -> Tensor:
-    """Output of unas / dnas / hnas without materializing the weights (see module docstring).
-
-    The CPU flash kernel has no dropout, so with attention dropout (training) and on non-CPU
-    devices this falls back to the materialized reference (exact, O(S^2) memory).
-    """
-    if dropout_p > 0.0 or not flash_supported(q):
-        return reference.reference_attend(
-            q, k, v, scheme, key_padding_mask, query_padding_mask, u, 1, causal, dropout_p
-        )
-    out_dtype = reference.output_dtype(v)
-    dtype = reference.compute_dtype(q)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = (x.to(dtype) for x in (q, k, v))
-        if scheme == "unas":
-            out = unas_flash(q, k, v, key_padding_mask, query_padding_mask, causal)
-        elif scheme == "dnas":
-            out = dnas_flash(q, k, v, key_padding_mask, query_padding_mask)
-        elif scheme == "hnas":
-            out = hnas_flash(q, k, v, u.to(dtype), key_padding_mask, query_padding_mask)
-        else:
-            raise ValueError(f"efficient_attend does not handle scheme {scheme!r}")
-    return out.to(out_dtype)

@@ -1,12 +1,20 @@
 """The public functional API: `attend` (fused, never S x S for unas/dnas/hnas) and
-`attention_weights` (materialized, for analysis and tests)."""
+`attention_weights` (materialized, for analysis and tests).
+
+Which implementation `attend` runs:
+- unas: ATen's CPU flash kernel (`composed.unas_flash`);
+- dnas / hnas (and sinkhorn with n_iter=1): the fused CPU kernel (`fused.py`), or where it cannot
+  be built, the composed flash path (`composed.py`);
+- sinkhorn with n_iter > 1, attention dropout in training, and non-CPU devices: the exact
+  materialized reference (`reference.py`).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from attnlab.attention import efficient, reference
+from attnlab.attention import composed, fused, reference
 from attnlab.attention.spec import QUERY_NORMALIZED, SCHEMES
 from attnlab.errors import ConfigError
 
@@ -103,13 +111,25 @@ def attend(
     if scheme == "sinkhorn" and int(n_iter) == 1:
         scheme = "dnas"
     u = _as_u(u, q)
-    if scheme == "sinkhorn":
+    if scheme == "sinkhorn" or dropout_p > 0.0 or q.device.type != "cpu":
+        # no fused kernel does dropout or many Sinkhorn rounds: exact, O(S^2) memory
         return reference.reference_attend(
             q, k, v, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal, dropout_p
         )
-    return efficient.efficient_attend(
-        q, k, v, scheme, key_padding_mask, query_padding_mask, u, causal, dropout_p
-    )
+    out_dtype = reference.output_dtype(v)
+    dtype = reference.compute_dtype(q)  # float32 (float64 stays) even under autocast
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        u = u.to(dtype) if scheme == "hnas" else None  # dnas / unas ignore a given u
+        if scheme == "unas":
+            out = composed.unas_flash(q, k, v, key_padding_mask, query_padding_mask, causal)
+        elif fused.load():
+            out = fused.query_normalized_attend(q, k, v, u, key_padding_mask, query_padding_mask)
+        elif scheme == "dnas":
+            out = composed.dnas_flash(q, k, v, key_padding_mask, query_padding_mask)
+        else:
+            out = composed.hnas_flash(q, k, v, u, key_padding_mask, query_padding_mask)
+    return out.to(out_dtype)
 
 
 def attention_weights(

@@ -48,12 +48,16 @@ def valid_mask(
 def safe_log_normalize(logits: Tensor, dim: int) -> Tensor:
     """logits - logsumexp(logits, dim), where an all -inf slice stays all -inf (not NaN).
 
-    The logsumexp of an all -inf slice is taken over zeros instead, so that neither its value
-    nor its gradient (exp(x - lse)) is ever -inf - -inf = NaN; exp() of the result gives 0.
+    Computed as (x - m) - log(sum exp(x - m)) with m the (detached) maximum, so that large
+    logits (1e4) do not lose the sum's precision to the rounding of m + log(sum): rows still
+    sum to 1 within float32 epsilon. An all -inf slice takes m = 0 and log(1) instead, so that
+    neither its value nor its gradient is ever -inf - -inf = NaN; exp() of the result gives 0.
     """
-    has_valid = (logits > float("-inf")).any(dim=dim, keepdim=True)
-    lse = torch.logsumexp(torch.where(has_valid, logits, torch.zeros_like(logits)), dim, keepdim=True)
-    return logits - lse
+    m = logits.detach().amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    shifted = logits - m
+    total = torch.exp(shifted).sum(dim=dim, keepdim=True)
+    return shifted - torch.log(torch.where(total > 0, total, torch.ones_like(total)))
 
 
 def masked_logits(

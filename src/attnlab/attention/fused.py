@@ -1,0 +1,131 @@
+"""The fused DNAS / HNAS CPU kernel (`csrc/query_normalized.cpp`): build, load, autograd.
+
+The kernel computes the column log-sum-exp, both normalizations and the output in one pass over
+blocks of queries, and the exact gradient (including the part through the column sums) in two,
+never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math.
+
+It is compiled on first use with the machine's C++ compiler (about 15 s; `make install` does it
+ahead of time) into a cache directory keyed by the source, the torch version and the CPU's
+instruction set, and loaded with `torch.ops.load_library`. Where it cannot be built (no
+compiler) `attend` warns once and falls back to the composed flash-kernel path in
+`efficient.py`, which is exact too but slower. `ATTNLAB_FUSED_KERNEL=0` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
+
+# Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
+# same wide code paths as torch's kernels.
+_ISA_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512", "-mavx512f", "-mavx512bw",
+               "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+
+def _flags() -> list[str]:
+    isa = torch.backends.cpu.get_cpu_capability()
+    # -fopenmp: at::parallel_for is inline OpenMP; the .so then shares torch's libgomp.so.1
+    return ["-O3", "-fopenmp", *_ISA_FLAGS.get(isa, [])]
+
+
+def build_dir() -> Path:
+    """Where the compiled kernel lives: one folder per source, torch version and CPU ISA."""
+    flags = _flags()
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    tag = f"torch{torch.__version__.split('+')[0]}-{torch.backends.cpu.get_cpu_capability()}-{key}"
+    root = os.environ.get("ATTNLAB_KERNEL_CACHE") or Path.home() / ".cache" / "attnlab" / "kernels"
+    return Path(root) / tag
+
+
+@functools.cache
+def load() -> bool:
+    """Build (once per machine) and load the kernel; False, with one warning, if that fails."""
+    if os.environ.get("ATTNLAB_FUSED_KERNEL", "1") == "0":
+        return False
+    try:
+        import ninja  # the build tool torch.utils.cpp_extension requires
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        from torch.utils.cpp_extension import load as build
+
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        name = "attnlab_query_normalized"
+        if not (directory / f"{name}.so").exists():
+            print(f"[attnlab] compiling the fused DNAS/HNAS CPU kernel once (~15 s) into {directory}",
+                  file=sys.stderr, flush=True)
+        build(name=name, sources=[str(SOURCE)], extra_cflags=_flags(), build_directory=str(directory),
+              is_python_module=False, verbose=False)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any build problem means: use the fallback
+        lines = str(exc).strip().splitlines() or [""]
+        reason = next((line for line in lines if "error" in line.lower()), lines[-1]).strip()
+        warnings.warn(
+            f"attnlab: the fused DNAS/HNAS CPU kernel could not be built ({type(exc).__name__}: "
+            f"{reason}); using the slower composed flash-attention path. A C++ compiler (g++) is "
+            f"needed for the fast one; ATTNLAB_FUSED_KERNEL=0 silences this.",
+            stacklevel=2,
+        )
+        return False
+
+
+class _QueryNormalizedAttention(torch.autograd.Function):
+    """DNAS (u None) or HNAS output of the fused kernel; backward through the same kernel."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask):
+        u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
+        u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
+        out, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
+            q, k, v, u_bh, key_padding_mask, query_padding_mask
+        )
+        # DNAS's backward reads g_i . out_i from the output (HNAS computes both branches' instead)
+        ctx.save_for_backward(q, k, v, out if u is None else None, u_bh, c, rd, ru,
+                              key_padding_mask, query_padding_mask)
+        ctx.u_shape = None if u is None else u.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask = ctx.saved_tensors
+        out = q.new_empty(0) if out is None else out
+        dq, dk, dv, du = torch.ops.attnlab.query_normalized_backward(
+            grad.to(q.dtype), q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask
+        )
+        grad_u = None
+        if ctx.u_shape is not None and ctx.needs_input_grad[3]:
+            grad_u = du[..., None, None].sum_to_size(ctx.u_shape)
+        return dq, dk, dv, grad_u, None, None
+
+
+def query_normalized_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    u: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """DNAS (u=None) or HNAS attention output (B, H, S_q, d_v) in q's dtype (float32/64)."""
+    masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
+    return _QueryNormalizedAttention.apply(q, k, v, u, *masks)
+
+
+
+def prebuild() -> None:
+    """Build the kernel ahead of time (`make install` calls this) and say where it is."""
+    ready = load()
+    print(f"[attnlab] fused DNAS/HNAS CPU kernel: "
+          f"{f'ready in {build_dir()}' if ready else 'not available, the composed fallback is used'}")
