@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import reference
+from attnlab.attention.functional import validate
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
@@ -261,10 +262,9 @@ def cascade_attend(
     Materializes the logits (the head MLP mixes heads elementwise); float32 inside, like the
     reference path, even under autocast.
     """
-    from attnlab.attention.functional import validate  # the same input checks as `attend`
-
     spec: AttentionSpec = module.spec
     state: CascadeState = module.cascade
+    # the same input checks as `attend` (shapes, masks, causal guard of the normalization)
     validate(q, k, v, spec.normalization, key_padding_mask, query_padding_mask,
              u if spec.normalization == "hnas" else None, 1, causal)
     batch, s_q, s_k = q.shape[0], q.shape[-2], k.shape[-2]
