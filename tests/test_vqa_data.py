@@ -20,10 +20,11 @@ TINY = {
     "n_test_images": 4,
     "questions_per_image": 3,
     "max_boxes": 24,
-    "min_boxes": 20,
-    "feature_dim": 32,
+    "feature_dim": 40,
     "max_objects": 6,
 }
+# big enough for statistics, generated once per module (about a second)
+MEDIUM = {"n_train_images": 600, "n_val_images": 200, "n_test_images": 200}
 
 
 def vqav2_config(root: Path) -> dict:
@@ -161,23 +162,119 @@ def test_generator_views_and_questions_are_well_formed():
     params = synthetic.SyntheticParams(seed=0, **TINY)
     data = synthetic.generate(params)
     features, num_boxes = data["train_features"], data["train_num_boxes"]
-    assert features.shape == (12, 3, 24, 32)
-    assert ((num_boxes >= 20) & (num_boxes <= 24)).all()
-    for i in range(12):  # padding slots are zero
+    assert features.shape == (12, 3, 24, 40)
+    assert ((num_boxes >= 1) & (num_boxes <= 24)).all()
+    for i in range(12):  # padding slots are zero and show no object
         for v in range(3):
             assert not features[i, v, num_boxes[i, v] :].any()
-    assert data["train_answers"].shape == (36, 10)
-    assert set(data["train_question_type"]) <= set(synthetic.QUESTION_TYPES)
+            assert (data["train_box_object"][i, v, num_boxes[i, v] :] == -1).all()
+    n_questions = len(data["train_question"])
+    assert 0.8 * 36 <= n_questions <= 36  # balancing may drop a few
+    assert data["train_answers"].shape == (n_questions, 10)
+    assert data["train_hidden"].shape == (n_questions,)
+    assert set(data["train_question_type"]) == set(synthetic.QUESTION_TYPES)
     assert data["train_image"].max() == 11
 
 
-def test_primary_view_misses_objects_a_secondary_view_sees():
-    params = synthetic.SyntheticParams(seed=0, **TINY)
-    objects = synthetic._objects(np.random.default_rng(0), params, n_images=200)
-    seen = objects["seen"]
+@pytest.fixture(scope="module")
+def medium():
+    params = synthetic.SyntheticParams(seed=0, **MEDIUM)
+    return params, synthetic.generate(params)
+
+
+def test_primary_view_misses_objects_only_a_secondary_view_shows(medium):
+    params, data = medium
+    seen = data["train_object_seen"]
     assert seen.any(axis=1).all()  # every object is seen by some view
-    assert 0.3 < (~seen[:, 0]).mean() < 0.5  # the primary view misses ~40%
-    assert seen[~seen[:, 0], 1:].any(axis=1).all()
+    assert 0.33 < (~seen[:, 0]).mean() < 0.47  # the primary view misses ~40% (recall 0.6)
+    # the boxes agree with `seen`: a view shows exactly the objects it detects
+    box_object, image_of = data["train_box_object"], data["train_object_image"]
+    first = np.searchsorted(image_of, np.arange(len(box_object)))
+    for v in range(3):
+        shown = np.zeros(len(seen), bool)
+        i, n = np.nonzero(box_object[:, v] >= 0)
+        shown[first[i] + box_object[i, v, n]] = True
+        np.testing.assert_array_equal(shown, seen[:, v])
+    kinds = synthetic.box_kinds(data, "train")
+    hidden = kinds == synthetic.BOX_KINDS.index("hidden")
+    assert not hidden[:, 0].any()  # the primary view never shows a primary-missed object
+    assert hidden[:, 1:].sum() > 0.2 * (box_object[:, 1:] >= 0).sum()
+    assert ((kinds == synthetic.BOX_KINDS.index("background")) == (box_object == -1) & (kinds >= 0)).all()
+    padding = np.arange(box_object.shape[-1]) >= data["train_num_boxes"][..., None]
+    np.testing.assert_array_equal(kinds == -1, padding)
+
+
+def test_missed_objects_have_no_primary_box_nearby(medium):
+    """What lets a fusion explain their boxes away: a primary-seen object's secondary boxes have a
+    primary box on top of them, a primary-missed object's boxes only by chance (background)."""
+    _, data = medium
+    center = data["train_bbox"].astype(np.float32)
+    center = (center[..., :2] + center[..., 2:]) / 2  # (I, V, N, 2)
+    hidden = synthetic.box_kinds(data, "train") == synthetic.BOX_KINDS.index("hidden")
+    objects = data["train_box_object"] >= 0
+    distances = {"hidden": [], "visible": []}
+    for i in range(len(center)):
+        primary = center[i, 0, : data["train_num_boxes"][i, 0]]
+        for v in (1, 2):
+            for n in np.flatnonzero(objects[i, v]):
+                d = np.linalg.norm(primary - center[i, v, n], axis=1).min()
+                distances["hidden" if hidden[i, v, n] else "visible"].append(d)
+    visible, missed = np.array(distances["visible"]), np.array(distances["hidden"])
+    assert np.median(visible) < 0.03 and (visible < 0.1).mean() > 0.97
+    assert np.median(missed) > 0.08 and (missed > 0.05).mean() > 0.7
+
+
+def test_questions_are_balanced_per_question_string(medium):
+    """No question string gives its yes/no answer away: per string, the two answers differ by at
+    most `balance_slack` (CLEVR-style rejection sampling)."""
+    params, data = medium
+    for split in ("train", "val"):
+        tallies = {}
+        for question, answer, qtype in zip(
+            data[f"{split}_question"], data[f"{split}_answer"], data[f"{split}_question_type"]
+        ):
+            if qtype in ("existence", "comparison"):
+                tallies.setdefault(question, {"yes": 0, "no": 0})[answer] += 1
+        assert len(tallies) > 50
+        for question, tally in tallies.items():
+            assert abs(tally["yes"] - tally["no"]) <= params.balance_slack, (question, tally)
+
+
+def test_question_programs_and_hidden_flag_on_a_hand_made_scene():
+    red, blue = synthetic.ATTRIBUTES["color"].index("red"), synthetic.ATTRIBUTES["color"].index("blue")
+    cube = synthetic.ATTRIBUTES["shape"].index("cube")
+    sphere = synthetic.ATTRIBUTES["shape"].index("sphere")
+    scene = [
+        {"shape": cube, "color": red, "size": 0, "material": 0, "primary": True},
+        {"shape": cube, "color": red, "size": 1, "material": 0, "primary": False},
+        {"shape": sphere, "color": blue, "size": 1, "material": 1, "primary": False},
+    ]
+    visible = [o for o in scene if o["primary"]]
+    count_red_cubes = ("count", {"color": red, "shape": cube})
+    assert synthetic._render(count_red_cubes) == "how many red cubes are there ?"
+    assert synthetic._evaluate(count_red_cubes, scene) == "2"
+    assert synthetic._evaluate(count_red_cubes, visible) == "1"  # a hidden question
+    exist_sphere = ("exist", {"shape": sphere})
+    assert (synthetic._evaluate(exist_sphere, scene), synthetic._evaluate(exist_sphere, visible)) == ("yes", "no")
+    query = ("query", "color", {"size": 1, "shape": sphere})
+    assert synthetic._render(query) == "what color is the large sphere ?"
+    assert synthetic._evaluate(query, scene) == "blue" and synthetic._evaluate(query, visible) is None
+    assert synthetic._evaluate(("query", "size", {"shape": cube}), scene) is None  # two cubes
+    more = ("more", {"color": red}, {"color": blue})
+    assert synthetic._render(more) == "are there more red objects than blue objects ?"
+    assert synthetic._evaluate(more, scene) == "yes"
+    assert synthetic._evaluate(("fewer", {"color": red}, {"color": blue}), scene) == "no"
+
+
+def test_hidden_questions_are_those_the_primary_view_cannot_answer(medium):
+    _, data = medium
+    hidden, types = data["train_hidden"], data["train_question_type"]
+    for qtype in synthetic.QUESTION_TYPES:
+        share = hidden[types == qtype].mean()
+        assert 0.05 < share < 0.7, (qtype, share)
+    # removing objects never turns "is there ...?" from no into yes: a "no" is never hidden
+    exist_no = (types == "existence") & (data["train_answer"] == "no")
+    assert exist_no.any() and not hidden[exist_no].any()
 
 
 def test_cache_is_written_once_atomically(tmp_path):
@@ -196,3 +293,16 @@ def test_cache_is_written_once_atomically(tmp_path):
     path.write_bytes(b"broken")
     with pytest.raises(DataError, match="delete that directory"):
         synthetic.load(path)
+
+
+def test_question_prior_baseline_on_fixtures():
+    """The blind baseline: best training answer per question string, else per question type."""
+    dm = VQADataModule(
+        data_dir="unused", source="vqav2", vqav2=vqav2_config(FIXTURES), answer_vocab_size=4
+    )
+    dm.setup("fit")
+    prior = dm.question_prior("val")
+    # "How many people are there?" is new: the number type's best train answer "2" scores 0 on
+    # nine "3"s; "Is the dog sleeping?" was answered "yes" in training, and "yes" from 4 of 10
+    # annotators scores min(3/3, 1) * 4/10 + min(4/3, 1) * 6/10 = 1.0
+    assert prior == pytest.approx({"acc": 0.5, "acc_yes_no": 1.0, "acc_number": 0.0})

@@ -16,7 +16,6 @@ TINY = {
     "n_test_images": 4,
     "questions_per_image": 4,
     "max_boxes": 20,
-    "min_boxes": 12,
     "max_objects": 6,
 }
 
@@ -113,3 +112,36 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
     types = {f"test/acc_{t}" for t in ("existence", "counting", "attribute", "comparison")}
     assert "test/acc" in result and types & set(result)
+    assert {"test/acc_visible", "test/prior_acc"} <= set(result)
+    assert result["test/prior_acc"] == pytest.approx(tiny_data.question_prior("test")["acc"])
+    fusion_stats = {f"test/{name}_l{l}" for name in ("explained_away", "min_col_sum_x_S") for l in (0, 1)}
+    if fusion == "attention":  # weights are recorded only while testing
+        assert fusion_stats <= set(result)
+        assert not any(layer.record for layer in module.model.fusion.attention)
+    else:
+        assert not fusion_stats & set(result)
+
+
+@pytest.mark.parametrize("scheme", ["unas", "dnas"])
+def test_sharp_unas_explains_boxes_away_and_dnas_keeps_the_lemma(scheme):
+    """The statistic the sweep reports, on the real fusion layer: with sharp logits UNAS gives
+    some secondary boxes no weight at all, DNAS gives every valid box >= 1/S."""
+    from tasks.vqa.metric import ColumnSumStats
+
+    torch.manual_seed(0)
+    fusion = MultiViewFusion(12, num_views=3, spec=AttentionSpec(scheme=scheme), dropout=0.0).eval()
+    with torch.no_grad():
+        for layer in fusion.attention:
+            layer.q_proj.weight.mul_(1000.0)  # sharp attention: logits of order 1000
+    features, mask = boxes(batch=4, n=9, padded=(7, 8, 6))
+    for layer in fusion.attention:
+        layer.record = True
+    fusion(features, mask)
+    for layer, view in zip(fusion.attention, fusion.secondary_views):
+        stats = ColumnSumStats()
+        stats.update(layer.recorded["column_sums"], mask[:, view])
+        out = stats.compute()
+        if scheme == "dnas":
+            assert out["min_col_sum_x_S"] >= 1 - 1e-5 and out["explained_away"] == 0
+        else:
+            assert out["explained_away"] > 0.1 and out["min_col_sum_x_S"] < 1e-6

@@ -11,6 +11,10 @@ A batch is a dict:
   question_length (B,) long
   scores        (B, A) float32         VQA accuracy of each vocabulary answer (the BCE target)
   question_type (B,) long              index into model_kwargs()["question_types"]
+Synthetic data only (the model never sees them; the module's analysis metrics use them):
+  hidden        (B,) bool              the answer depends on objects the primary view misses
+  box_kind      (B, V, N) int8         -1 padding, else index into synthetic.BOX_KINDS
+                                       (background / object the primary view sees / misses)
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from attnlab.errors import ConfigError, DataError
 from attnlab.sampling import EpochSeededSampler
 from tasks.vqa import synthetic
-from tasks.vqa.metric import answer_scores, normalize_answer
+from tasks.vqa.metric import VQAAccuracy, answer_scores, normalize_answer
 from tasks.vqa.vqav2 import MMFFeatures, read_split
 
 PAD, UNK = "<pad>", "<unk>"
@@ -47,15 +51,23 @@ class RawSplit:
     question_types: list[str]
     image_keys: np.ndarray  # per question: its image's key in the feature store
     store: Any  # SyntheticStore | MMFStore
+    hidden: np.ndarray | None = None  # synthetic: answer depends on objects the primary misses
 
 
 class SyntheticStore:
     """The generated features, held in memory (float16) and converted per batch."""
 
-    def __init__(self, features: np.ndarray, bbox: np.ndarray, num_boxes: np.ndarray) -> None:
+    def __init__(
+        self,
+        features: np.ndarray,
+        bbox: np.ndarray,
+        num_boxes: np.ndarray,
+        box_kind: np.ndarray | None = None,
+    ) -> None:
         self.features = torch.from_numpy(features)
         self.bbox = torch.from_numpy(bbox)
         self.num_boxes = torch.from_numpy(num_boxes.astype(np.int64))
+        self.box_kind = None if box_kind is None else torch.from_numpy(box_kind)
 
     @property
     def feature_dim(self) -> int:
@@ -119,7 +131,7 @@ class VQADataset(Dataset):
         ids, scores = self.answer_ids[idx], self.answer_scores[idx]
         dense = torch.zeros(len(idx), self.num_answers + 1)
         dense.scatter_(1, ids.clamp(min=-1) % (self.num_answers + 1), scores)  # -1 -> spare column
-        return {
+        batch = {
             "features": features,
             "box_mask": box_mask,
             "question": self.tokens[idx],
@@ -127,6 +139,12 @@ class VQADataset(Dataset):
             "scores": dense[:, : self.num_answers],
             "question_type": self.type_ids[idx],
         }
+        if self.split.hidden is not None:
+            batch["hidden"] = torch.from_numpy(self.split.hidden[idx.numpy()])
+        box_kind = getattr(self.split.store, "box_kind", None)
+        if box_kind is not None:
+            batch["box_kind"] = box_kind[torch.from_numpy(self.split.image_keys[idx.numpy()])]
+        return batch
 
 
 def _batch_as_is(batch):
@@ -212,7 +230,10 @@ class VQADataModule(pl.LightningDataModule):
         raw = {}
         for split in synthetic.SPLITS:
             store = SyntheticStore(
-                arrays[f"{split}_features"], arrays[f"{split}_bbox"], arrays[f"{split}_num_boxes"]
+                arrays[f"{split}_features"],
+                arrays[f"{split}_bbox"],
+                arrays[f"{split}_num_boxes"],
+                synthetic.box_kinds(arrays, split),
             )
             raw[split] = RawSplit(
                 questions=arrays[f"{split}_question"].tolist(),
@@ -220,6 +241,7 @@ class VQADataModule(pl.LightningDataModule):
                 question_types=arrays[f"{split}_question_type"].tolist(),
                 image_keys=arrays[f"{split}_image"].astype(np.int64),
                 store=store,
+                hidden=arrays[f"{split}_hidden"],
             )
         return raw
 
@@ -292,10 +314,33 @@ class VQADataModule(pl.LightningDataModule):
             "question_types": list(self.question_types),
         }
 
-    def majority_baseline(self, split: str = "test") -> float:
-        """VQA accuracy of always answering the most frequent training answer."""
-        dataset = self.datasets[split]
-        return float((dataset.answer_scores * (dataset.answer_ids == 0)).sum() / len(dataset))
+    def question_prior(self, split: str = "test") -> dict[str, float]:
+        """VQA accuracy of a blind baseline that answers each question string with the answer of
+        highest total score in the training split for that string (for a string never seen in
+        training: its question type's best answer). It is an upper bound for what a model can
+        get from the question alone; {"acc": ..., "acc_<type>": ...}."""
+        train, target = self.datasets["train"], self.datasets[split]
+        by_question: dict[str, Counter] = {}
+        by_type: dict[int, Counter] = {}
+        for text, qtype, ids, scores in zip(
+            train.split.questions, train.type_ids.tolist(), train.answer_ids.tolist(),
+            train.answer_scores.tolist(),
+        ):
+            for table, key in ((by_question, text), (by_type, qtype)):
+                tally = table.setdefault(key, Counter())
+                for answer, score in zip(ids, scores):
+                    if answer >= 0:
+                        tally[answer] += score
+        best = []
+        for text, qtype in zip(target.split.questions, target.type_ids.tolist()):
+            tally = by_question.get(text) or by_type.get(qtype) or Counter({0: 0.0})
+            # ties broken by the answer index (vocabulary order), so the result is deterministic
+            best.append(min(tally, key=lambda a: (-tally[a], a)))
+        dense = torch.zeros(len(target), len(self.answers) + 1)  # + a spare column for -1
+        dense.scatter_(1, target.answer_ids % (len(self.answers) + 1), target.answer_scores)
+        metric = VQAAccuracy(self.question_types)
+        metric.update(torch.tensor(best), dense[:, :-1], target.type_ids)
+        return {k: float(v) for k, v in metric.compute().items() if not torch.isnan(v)}
 
     # --- loaders -----------------------------------------------------------------------------
 
@@ -355,9 +400,6 @@ def synthetic_params(cfg: dict | None, max_boxes: int) -> synthetic.SyntheticPar
             f"task.synthetic.max_boxes={values['max_boxes']} differs from the data module's "
             f"max_boxes={max_boxes}; set only task.max_boxes"
         )
-    values["min_boxes"] = min(
-        values.get("min_boxes", synthetic.SyntheticParams.min_boxes), max_boxes
-    )
     return synthetic.SyntheticParams(**values)
 
 

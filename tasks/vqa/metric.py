@@ -322,3 +322,69 @@ class VQAAccuracy(Metric):
 def metric_name(question_type: str) -> str:
     """A question type as a log-name suffix ("yes/no" -> "yes_no")."""
     return re.sub(r"[^0-9a-zA-Z]+", "_", question_type).strip("_") or "other"
+
+
+class ColumnSumStats(Metric):
+    """How much total attention the fusion gives each secondary box ("explaining away").
+
+    For one fusion layer, from its weights' column sums `c_j = sum_i w_ij` (B, H, S_k) over
+    valid keys: the share of boxes with `c_j < threshold` (epsilon-explained-away) and the
+    minimum of `c_j * S` (S = the example's number of valid boxes; the DNAS lemma keeps it >= 1).
+    With `kinds` (names of box categories) and a per-box category index in `update`, also the
+    share below the threshold and the mean `c_j` per category (on the synthetic benchmark:
+    background boxes, objects the primary view sees, objects only secondary views see).
+    DDP-safe (sums and a min).
+    """
+
+    full_state_update = False
+
+    def __init__(self, kinds: Sequence[str] = (), threshold: float = 1e-8, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.kinds = list(kinds)
+        self.threshold = float(threshold)
+        zeros = torch.zeros(max(len(self.kinds), 1), dtype=torch.float64)
+        for name in ("valid", "below"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        for name in ("kind_count", "kind_below", "kind_sum"):
+            self.add_state(name, default=zeros.clone(), dist_reduce_fx="sum")
+        self.add_state(
+            "min_times_s", default=torch.tensor(float("inf"), dtype=torch.float64), dist_reduce_fx="min"
+        )
+
+    def update(
+        self, column_sums: Tensor, key_padding_mask: Tensor | None, box_kind: Tensor | None = None
+    ) -> None:
+        """column_sums (B, H, S_k); key_padding_mask (B, S_k) True = padding; box_kind (B, S_k)
+        index into `kinds` (negative: no category)."""
+        col = column_sums.double()
+        B, H, S = col.shape
+        valid = torch.ones(B, S, dtype=torch.bool, device=col.device)
+        if key_padding_mask is not None:
+            valid = ~key_padding_mask
+        n_valid = valid.sum(-1, keepdim=True).double()  # (B, 1)
+        valid = valid[:, None, :].expand(B, H, S)
+        below = col < self.threshold
+        self.valid += valid.sum()
+        self.below += (below & valid).sum()
+        if valid.any():
+            scaled = (col * n_valid[:, None, :])[valid]
+            self.min_times_s = torch.minimum(self.min_times_s, scaled.min())
+        if box_kind is not None and self.kinds:
+            kind = box_kind[:, None, :].expand(B, H, S).long()
+            keep = valid & (kind >= 0)
+            kind = kind[keep]
+            self.kind_count.index_add_(0, kind, torch.ones_like(kind, dtype=torch.float64))
+            self.kind_below.index_add_(0, kind, below[keep].double())
+            self.kind_sum.index_add_(0, kind, col[keep])
+
+    def compute(self) -> dict[str, Tensor]:
+        nan = torch.tensor(float("nan"), dtype=torch.float64, device=self.valid.device)
+        out = {
+            "explained_away": self.below / self.valid if self.valid > 0 else nan,
+            "min_col_sum_x_S": self.min_times_s if torch.isfinite(self.min_times_s) else nan,
+        }
+        for i, kind in enumerate(self.kinds):
+            count = self.kind_count[i]
+            out[f"explained_away_{kind}"] = self.kind_below[i] / count if count > 0 else nan
+            out[f"col_sum_{kind}"] = self.kind_sum[i] / count if count > 0 else nan
+        return {k: v.float() for k, v in out.items()}

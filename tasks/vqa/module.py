@@ -2,7 +2,18 @@
 
 Logs `train/loss`, `val/loss`, `val/acc`, `test/acc` and the accuracy per question type
 (`val/acc_<type>`, `test/acc_<type>`; existence/counting/attribute/comparison on the synthetic
-benchmark, yes_no/number/other on VQA-v2).
+benchmark, yes_no/number/other on VQA-v2). On the synthetic benchmark also:
+
+- `val|test/acc_hidden` and `acc_visible`: accuracy on the questions whose answer depends on
+  objects the primary view misses (only a secondary view shows them), and on the others;
+- `test/prior_acc`, `test/prior_acc_<type>`: the question-only baseline of the data module
+  (best training answer per question string), to read the per-type accuracies against;
+- with `fusion=attention`, per fusion layer l (secondary view l + 1), over the whole test set:
+  `test/explained_away_l{l}` (share of valid secondary boxes with total weight
+  `sum_i w_ij < 1e-8`), `test/min_col_sum_x_S_l{l}` (>= 1 under the DNAS lemma), and per kind
+  of box (`background`, `visible`: an object the primary view also sees, `hidden`: an object
+  only secondary views see) `test/explained_away_<kind>_l{l}` and `test/col_sum_<kind>_l{l}`
+  (mean total weight). The weights are materialized only in testing.
 """
 
 from __future__ import annotations
@@ -15,8 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention import AttentionSpec
-from tasks.vqa.metric import VQAAccuracy
+from tasks.vqa.metric import ColumnSumStats, VQAAccuracy
 from tasks.vqa.model import VQAModel
+from tasks.vqa.synthetic import BOX_KINDS
+
+# questions whose answer does not / does depend on objects that the primary view misses
+VISIBILITY = ("visible", "hidden")
 
 
 class VQAModule(pl.LightningModule):
@@ -32,11 +47,14 @@ class VQAModule(pl.LightningModule):
         primary_view: int = 0,
         fusion_heads: int = 1,
         fusion_dropout: float = 0.1,
+        fusion_init: str = "similarity",
+        fusion_init_scale: float = 1.0,
         embed_dim: int = 64,
         hidden_dim: int = 128,
         attention_dim: int = 128,
         glimpses: int = 2,
         rnn: str = "gru",
+        bidirectional: bool = True,
         dropout: float = 0.2,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
@@ -54,16 +72,25 @@ class VQAModule(pl.LightningModule):
             primary_view=primary_view,
             fusion_heads=fusion_heads,
             fusion_dropout=fusion_dropout,
+            fusion_init=fusion_init,
+            fusion_init_scale=fusion_init_scale,
             embed_dim=embed_dim,
             hidden_dim=hidden_dim,
             attention_dim=attention_dim,
             glimpses=glimpses,
             rnn=rnn,
+            bidirectional=bidirectional,
             dropout=dropout,
         )
         self.question_types = list(question_types)
         self.val_acc = VQAAccuracy(self.question_types)
         self.test_acc = VQAAccuracy(self.question_types)
+        self.val_visibility = VQAAccuracy(VISIBILITY)
+        self.test_visibility = VQAAccuracy(VISIBILITY)
+        fusion_layers = len(self.model.fusion.attention) if fusion == "attention" else 0
+        self.test_columns = torch.nn.ModuleList(
+            ColumnSumStats(BOX_KINDS) for _ in range(fusion_layers)
+        )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.model(
@@ -79,31 +106,65 @@ class VQAModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["scores"]))
         return loss
 
-    def _evaluate(self, batch: dict[str, torch.Tensor], metric: VQAAccuracy) -> torch.Tensor:
+    def _evaluate(
+        self, batch: dict[str, torch.Tensor], metric: VQAAccuracy, visibility: VQAAccuracy
+    ) -> torch.Tensor:
         logits = self(batch)
-        metric.update(logits.argmax(dim=1), batch["scores"], batch["question_type"])
+        predicted = logits.argmax(dim=1)
+        metric.update(predicted, batch["scores"], batch["question_type"])
+        if "hidden" in batch:
+            visibility.update(predicted, batch["scores"], batch["hidden"].long())
         return self._loss(logits, batch["scores"])
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        loss = self._evaluate(batch, self.val_acc)
+        loss = self._evaluate(batch, self.val_acc, self.val_visibility)
         self.log("val/loss", loss, batch_size=len(batch["scores"]), sync_dist=True)
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_acc)
+    def _fusion_layers(self) -> list:
+        return list(self.model.fusion.attention) if self.model.fusion_mode == "attention" else []
 
-    def _log_accuracy(self, stage: str, metric: VQAAccuracy) -> None:
+    def on_test_epoch_start(self) -> None:
+        for layer in self._fusion_layers():
+            layer.record = True
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_acc, self.test_visibility)
+        fusion = self.model.fusion if self.model.fusion_mode == "attention" else None
+        for stats, layer, view in zip(
+            self.test_columns, self._fusion_layers(), fusion.secondary_views if fusion else []
+        ):
+            recorded, layer.recorded = layer.recorded, None
+            if recorded is None:  # an analysis callback took it first
+                continue
+            box_kind = batch["box_kind"][:, view] if "box_kind" in batch else None
+            stats.update(recorded["column_sums"], recorded["key_padding_mask"], box_kind)
+
+    def _log_accuracy(self, stage: str, metric: VQAAccuracy, overall: bool = True) -> None:
         # compute() is already reduced over DDP processes; types without questions (NaN) are
         # left out rather than logged as a fake number.
         for name, value in metric.compute().items():
-            if not torch.isnan(value):
+            if not torch.isnan(value) and (overall or name != "acc"):
                 self.log(f"{stage}/{name}", value, prog_bar=name == "acc")
         metric.reset()
 
     def on_validation_epoch_end(self) -> None:
         self._log_accuracy("val", self.val_acc)
+        self._log_accuracy("val", self.val_visibility, overall=False)
 
     def on_test_epoch_end(self) -> None:
         self._log_accuracy("test", self.test_acc)
+        self._log_accuracy("test", self.test_visibility, overall=False)
+        for layer in self._fusion_layers():
+            layer.record = False
+        for l, stats in enumerate(self.test_columns):
+            for name, value in stats.compute().items():
+                if not torch.isnan(value):
+                    self.log(f"test/{name}_l{l}", value)
+            stats.reset()
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "question_prior"):
+            for name, value in datamodule.question_prior("test").items():
+                self.log(f"test/prior_{name}", value)
 
     def configure_optimizers(self):
         # No weight decay on vectors (biases, LayerNorm, the HNAS logit of u): decay would pull u
