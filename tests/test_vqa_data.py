@@ -306,3 +306,21 @@ def test_question_prior_baseline_on_fixtures():
     # nine "3"s; "Is the dog sleeping?" was answered "yes" in training, and "yes" from 4 of 10
     # annotators scores min(3/3, 1) * 4/10 + min(4/3, 1) * 6/10 = 1.0
     assert prior == pytest.approx({"acc": 0.5, "acc_yes_no": 1.0, "acc_number": 0.0})
+
+
+def test_synthetic_batches_carry_the_analysis_fields(tmp_path):
+    dm = VQADataModule(str(tmp_path), synthetic=TINY, batch_size=8, max_boxes=24)
+    dm.prepare_data()
+    dm.setup("fit")
+    arrays = synthetic.load(synthetic.cache_path(tmp_path, dm.synthetic_params))
+    dataset = dm.datasets["val"]
+    batch = dataset.__getitems__([0, 3, 5])
+    images = arrays["val_image"][[0, 3, 5]]
+    np.testing.assert_array_equal(batch["hidden"].numpy(), arrays["val_hidden"][[0, 3, 5]])
+    kinds = synthetic.box_kinds(arrays, "val")[images]
+    np.testing.assert_array_equal(batch["box_kind"].numpy(), kinds)
+    # padding in box_kind is exactly the model's box mask
+    np.testing.assert_array_equal((batch["box_kind"] < 0).numpy(), batch["box_mask"].numpy())
+    np.testing.assert_allclose(
+        batch["features"][..., :-4].numpy(), arrays["val_features"][images].astype(np.float32)
+    )

@@ -145,3 +145,43 @@ def test_sharp_unas_explains_boxes_away_and_dnas_keeps_the_lemma(scheme):
             assert out["min_col_sum_x_S"] >= 1 - 1e-5 and out["explained_away"] == 0
         else:
             assert out["explained_away"] > 0.1 and out["min_col_sum_x_S"] < 1e-6
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_question_encoder_ignores_padding(bidirectional):
+    from tasks.vqa.model import QuestionEncoder
+
+    torch.manual_seed(0)
+    encoder = QuestionEncoder(20, 8, 16, "gru", bidirectional).eval()
+    tokens = torch.tensor([[5, 6, 7, 0, 0, 0], [3, 4, 9, 9, 2, 0]])
+    lengths = torch.tensor([3, 5])
+    out = encoder(tokens, lengths)
+    assert out.shape == (2, 16)
+    # each question alone, without padding, gives the same vector
+    for row in range(2):
+        alone = encoder(tokens[row : row + 1, : lengths[row]], lengths[row : row + 1])
+        torch.testing.assert_close(out[row : row + 1], alone, atol=1e-6, rtol=1e-5)
+    if bidirectional:  # the backward half reads the question from its end: the first word counts
+        changed = tokens.clone()
+        changed[0, 0] = 8
+        assert not torch.allclose(encoder(changed, lengths)[0, 8:], out[0, 8:])
+    with pytest.raises(ConfigError, match="even"):
+        QuestionEncoder(20, 8, 15, "gru", bidirectional=True)
+
+
+def test_similarity_init_starts_as_dot_product_attention():
+    torch.manual_seed(0)
+    fusion = MultiViewFusion(12, num_views=3, spec=AttentionSpec("unas"), dropout=0.0)
+    features, mask = boxes()
+    for layer in fusion.attention:
+        layer.record = True
+    fusion(features, mask)
+    for layer, view in zip(fusion.attention, (1, 2)):
+        logits = features[:, 0] @ features[:, view].transpose(1, 2) / 12**0.5
+        logits = logits.masked_fill(mask[:, view, None, :], float("-inf"))
+        expected = torch.softmax(logits, dim=-1).masked_fill(mask[:, 0, :, None], 0.0)
+        torch.testing.assert_close(layer.recorded["weights"][:, 0], expected, atol=1e-6, rtol=1e-5)
+    random = MultiViewFusion(12, 3, AttentionSpec("unas"), init="random")
+    assert not torch.equal(random.attention[0].q_proj.weight, torch.eye(12))
+    with pytest.raises(ConfigError, match="fusion_init"):
+        MultiViewFusion(12, 3, AttentionSpec("unas"), init="orthogonal")
