@@ -1,6 +1,9 @@
 """model=coda and model=repulsive through the real CLI in every task (fast_dev_run, tiny data)."""
 
+import json
+
 import pytest
+import torch
 from conftest import QUIET, TINY, metrics_files, run_cli
 
 # VQA's fusion is single-head by default: two heads give the head analyses and SVGD something to do
@@ -24,3 +27,16 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
         if task == "vqa":  # a classification task: calibration
             assert {"val/ece", "test/oe"} <= set(m) and (r["_dir"] / "reliability_test.png").is_file()
     assert "repulsive attention (svgd)" in proc.stdout
+
+
+def test_eval_reloads_a_coda_checkpoint(tmp_path, data_dir):
+    """eval.py (load_from_checkpoint) rebuilds the cascade (head MLPs from layer 2 on) and reproduces
+    the run's test metric."""
+    run_cli(["task=mlm", "model=coda", *TINY["mlm"], *QUIET, "~callbacks.head_importance"], tmp_path, data_dir)
+    [run] = metrics_files(tmp_path / "outputs")
+    best = next((run["_dir"] / "checkpoints").glob("best-*.ckpt"))
+    state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+    assert any(".cascade_mixer." in k for k in state) and not any("layers.0.self_attn.cascade_mixer" in k for k in state)
+    run_cli([f"ckpt_path={best}", QUIET[0]], tmp_path, data_dir, script="eval.py")
+    [evaluated] = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
+    assert evaluated["metrics"]["test/acc"] == pytest.approx(run["metrics"]["test/acc"], abs=1e-6)

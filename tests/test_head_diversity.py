@@ -147,3 +147,19 @@ def test_head_importance_finds_the_head_that_matters(tmp_path):
     assert summary["head_importance/base"] == pytest.approx(0.0, abs=1e-9)
     assert summary["head_importance/max_drop"] == pytest.approx(drops[0])
     assert module.trainer is trainer and (tmp_path / "head_importance.png").is_file()
+
+
+class Consumer(AttnModule):
+    """A task that takes the recording for its own statistics in its test step (as VQA does)."""
+
+    def test_step(self, batch, batch_idx):
+        self(self.x)
+        self.multi.recorded = None
+
+
+def test_a_module_that_consumes_recorded_does_not_hide_it(tmp_path):
+    module = Consumer()
+    trainer = trainer_for(HeadDiversity(max_batches=1), tmp_path=tmp_path)
+    trainer.test(module, verbose=False)
+    assert "test/avg_jsd" in trainer.callback_metrics
+    assert module.single.record is False  # single-head modules are never recorded

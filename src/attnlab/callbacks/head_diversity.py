@@ -12,9 +12,11 @@ least two heads:
   the output projection) at every valid query (Repulsive attention, An et al. 2020, Table 1
   "Dist"); `val/head_distance` (`test/head_distance`) is the mean over layers.
 
-Weights are only materialized on those batches (MultiHeadAttention.record); training never pays.
-Single-head modules (e.g. the VQA fusion with fusion_heads=1) have no pair of heads: they are
-skipped, with one message.
+Weights are only materialized on those batches, and only in the modules it analyzes
+(MultiHeadAttention.record); training never pays. Each module's recording is picked up by a
+forward hook right after its forward, so a LightningModule that consumes `recorded` in its own
+step does not take it away. Single-head modules (e.g. the VQA fusion with fusion_heads=1) have no
+pair of heads: they are skipped (not recorded), with one message.
 """
 
 from __future__ import annotations
@@ -73,25 +75,43 @@ class HeadDiversity(pl.Callback):
         self.max_batches = int(max_batches)
         self.png_name = png_name
         self._acc: dict[str, dict] = {}
+        self._latest: dict[str, dict] = {}
+        self._modules: dict[str, object] = {}
+        self._hooks: list = []
         self._warned = False
 
     # --- recording, shared by validation and test
     def _start(self, trainer, pl_module) -> None:
-        self._acc = {}
-        if not trainer.sanity_checking and self.max_batches > 0:
-            set_recording(pl_module, "head_diversity", True)
+        self._acc, self._latest = {}, {}
+        if trainer.sanity_checking or self.max_batches <= 0:
+            return
+        modules = attention_modules(pl_module)
+        self._modules = {name: m for name, m in modules if m.num_heads > 1}
+        single = [name for name, m in modules if m.num_heads < 2]
+        if single and not self._warned and trainer.is_global_zero:
+            self._warned = True
+            print(f"[attnlab] head diversity: {len(single)} single-head attention module(s) skipped "
+                  f"(JSD and head distance need >= 2 heads): {single}. For the VQA fusion use e.g. "
+                  f"task.module.fusion_heads=4")
+        set_recording(self._modules.values(), "head_diversity", True)
+        for name, m in self._modules.items():
+            self._hooks.append(m.register_forward_hook(
+                lambda mod, _args, _out, name=name: self._latest.__setitem__(name, mod.recorded)))
+
+    def _stop(self) -> None:
+        set_recording(self._modules.values(), "head_diversity", False)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._latest = [], {}
 
     def _collect(self, trainer, pl_module, batch_idx: int) -> None:
         if trainer.sanity_checking or batch_idx >= self.max_batches:
             return
-        single = []
-        for name, m in attention_modules(pl_module):
-            rec = m.recorded
+        latest, self._latest = self._latest, {}
+        for name, rec in latest.items():
             if rec is None:
                 continue
-            if m.num_heads < 2:
-                single.append(name)
-                continue
+            m = self._modules[name]
             rows = valid_rows(rec["weights"])
             jsd, n = jsd_matrix(rec["weights"], rows)
             dist, n_dist = head_distance_sum(rec["head_outputs"], rows)
@@ -101,13 +121,8 @@ class HeadDiversity(pl.Callback):
             acc["rows"] += n
             acc["dist"] += dist
             acc["dist_rows"] += n_dist
-        if single and not self._warned and trainer.is_global_zero:
-            self._warned = True
-            print(f"[attnlab] head diversity: {len(single)} single-head attention module(s) skipped "
-                  f"(JSD and head distance need >= 2 heads): {single}. For the VQA fusion use e.g. "
-                  f"task.module.fusion_heads=4")
         if batch_idx + 1 >= self.max_batches:
-            set_recording(pl_module, "head_diversity", False)
+            self._stop()
 
     def summarize(self) -> dict[str, dict]:
         out = {}
@@ -124,7 +139,7 @@ class HeadDiversity(pl.Callback):
         return out
 
     def _finish(self, trainer, pl_module, stage: str) -> None:
-        set_recording(pl_module, "head_diversity", False)
+        self._stop()
         if trainer.sanity_checking:
             return
         summary = self.summarize()
