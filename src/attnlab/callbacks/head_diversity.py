@@ -194,13 +194,17 @@ class HeadDiversity(pl.Callback):
         n = len(summary)
         cols = min(n, 4)
         rows = (n + cols - 1) // cols
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 0.6, 3.0 * rows), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols + 1.0, 3.1 * rows), squeeze=False,
+                                 constrained_layout=True)
         for ax in axes.flat[n:]:
             ax.axis("off")
         for ax, (name, s) in zip(axes.flat, summary.items()):
             im = ax.imshow(s["jsd"].numpy(), vmin=0.0, vmax=math.log(2), cmap="viridis")
             ax.set_title(f"layer {index[name]} ({name})\navg JSD {s['avg_jsd']:.3f}, dist {s['head_distance']:.2f}",
                          fontsize=7)
+            ticks = range(s["jsd"].shape[0])
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
             ax.set_xlabel("head")
             ax.set_ylabel("head")
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="JSD (nats, max log 2)")
