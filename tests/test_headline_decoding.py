@@ -112,6 +112,29 @@ def test_cascaded_decoders_fall_back_to_the_exact_prefix_decoder(one_thread):
                                        plain.decode_step(prefix[:, t], fallback), atol=1e-5, rtol=1e-5)
 
 
+def test_restricted_output_vocabulary(one_thread):
+    model = tiny_model()
+    hidden = torch.randn(5, 32)
+    with torch.no_grad():
+        every = model.project(hidden)
+        allowed = [PAD, EOS, 7, 11, 30]
+        model.set_output_vocab([30, 7, EOS, 11, PAD, 7])  # unsorted, repeated: sorted and unique
+        assert model.output_ids.tolist() == sorted(allowed)
+        logits = model.project(hidden)
+        # same logits on the allowed tokens, -inf elsewhere; output_logits are the allowed columns
+        torch.testing.assert_close(logits[:, sorted(allowed)], every[:, sorted(allowed)])
+        assert torch.isinf(logits).sum().item() == 5 * (40 - len(allowed))
+        torch.testing.assert_close(model.output_logits(hidden), logits[:, sorted(allowed)])
+        # token ids -> output positions, unknown ones -> the position of the given unknown id
+        assert model.output_index(torch.tensor([30, 11, 5]), unknown_id=PAD).tolist() == [4, 3, 0]
+        src, mask = padded_sources([9, 4, 16], vocab=40)
+        beam = beam_search(model, src, mask, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_length=8,
+                           beam_size=3)
+        assert set(beam.flatten().tolist()) <= set(allowed)
+    with pytest.raises(ConfigError, match="output vocabulary"):
+        model.set_output_vocab([3, 99])
+
+
 def test_beam_one_equals_greedy_exactly(one_thread):
     model = tiny_model()
     with torch.no_grad():
@@ -213,6 +236,17 @@ def test_rouge_hand_checked_values():
     ((pred, ref, expected),) = HAND_CHECKED
     scores = rouge_f1(make_rouge()([pred], [ref]))
     assert [scores[k] for k in ("rouge1", "rouge2", "rougeL")] == pytest.approx(expected, abs=1e-6)
+
+
+def test_lead_baseline_takes_the_first_words():
+    from tasks.headline.baseline import lead, lead_scores
+
+    assert lead("  GOMP is an  implementation of OpenMP", 3) == "GOMP is an"
+    assert lead("short", 8) == "short"
+    # lead-3 of the hand-checked pair: "the cats sat" vs "the cat sat on a mat": 3 of 3 and 3 of 6
+    # unigrams -> F1 2/3; bigrams 2 of 2 and 2 of 5 -> F1 4/7
+    scores = lead_scores(["the cats sat on the mat"], ["the cat sat on a mat"], 3)
+    assert scores["rouge1"] == pytest.approx(2 / 3) and scores["rouge2"] == pytest.approx(4 / 7)
 
 
 def test_rouge_matches_rouge_score_package():

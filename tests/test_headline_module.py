@@ -10,7 +10,7 @@ import pytorch_lightning as pl
 import torch
 
 from attnlab.errors import ConfigError
-from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID
+from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID
 from tasks.headline.bert_init import load_bert_into
 from tasks.headline.datamodule import HeadlineDataModule
 from tasks.headline.model import HeadlineTransformer
@@ -54,14 +54,24 @@ def test_datamodule_batches_and_model_kwargs():
     dm = gigaword_datamodule()
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.model_kwargs() == {
+    kwargs = dm.model_kwargs()
+    vocab = kwargs.pop("output_vocab")
+    assert kwargs == {
         "vocab_size": 30522,
         "pad_id": PAD_ID,
         "bos_id": CLS_ID,
         "eos_id": SEP_ID,
+        "unk_id": UNK_ID,
         "max_source_positions": 32,
         "max_target_positions": 12,
     }
+    # the output vocabulary: every token of the training headlines and the special tokens, sorted
+    train_tokens = {t for example in dm.data["train"] for t in example["tgt_ids"]}
+    assert vocab == sorted(train_tokens | {PAD_ID, UNK_ID, CLS_ID, SEP_ID})
+    assert len(vocab) < 100
+    assert "output_vocab" not in gigaword_datamodule(output_vocab="full").model_kwargs()
+    with pytest.raises(ConfigError, match="output_vocab"):
+        gigaword_datamodule(output_vocab="small")
     batch = next(iter(dm.val_dataloader()))
     src, tgt = batch["src_ids"], batch["tgt_ids"]
     assert src.shape[0] == tgt.shape[0] == 2 and src.shape[1] <= 32 and tgt.shape[1] <= 12
@@ -113,11 +123,31 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     logit = module.model.encoder_layers[0].self_attn.hybrid_logit
     (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
     assert group["initial_lr"] == 0.05 and group["weight_decay"] == 0.0
+    # the output vocabulary (training headlines only) comes back with a checkpoint
+    assert module.model.restricted_output
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    restored = HeadlineModule.load_from_checkpoint(tmp_path / "model.ckpt").eval()
+    assert torch.equal(restored.model.output_ids, module.model.output_ids)
+    batch = next(iter(dm.val_dataloader()))
+    with torch.no_grad():
+        module.eval()
+        assert torch.equal(restored._loss(batch), module._loss(batch))
     results = trainer.test(module, datamodule=dm, verbose=False)[0]
     for key in ("test/rouge1", "test/rouge2", "test/rougeL"):
         assert 0.0 <= results[key] <= 1.0
+    # the lead baseline, on the same test examples, next to the model's scores
+    from tasks.headline.baseline import lead_scores
+
+    test = dm.data["test"]
+    expected = lead_scores([t["article"] for t in test], [t["headline"] for t in test], 8)
+    for key, value in expected.items():
+        assert results[f"test/lead_{key}"] == pytest.approx(value, abs=1e-6)
     with open(tmp_path / "predictions.tsv", encoding="utf-8", newline="") as handle:
         rows = list(csv.reader(handle, delimiter="\t"))
+    # predictions use only word pieces of the training headlines
+    allowed = set(module.model.output_ids.tolist())
+    for row in rows[1:]:
+        assert set(dm.tokenizer.encode(row[2], add_special_tokens=False).ids) <= allowed
     assert rows[0] == ["source", "reference", "prediction"]
     # Every test example, the one with an empty title line included, in order.
     assert [r[1] for r in rows[1:]] == [

@@ -95,4 +95,4 @@ def load_bert_into(model: HeadlineTransformer, state_dict: dict | None = None) -
             )
         loaded[name] = value.to(own[name].dtype)
     model.load_state_dict(loaded, strict=False)
-    return [name for name in own if name not in loaded]
+    return [name for name, _ in model.named_parameters() if name not in loaded]

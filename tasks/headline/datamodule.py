@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
 from attnlab.sampling import EpochSeededSampler
-from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, load_tokenizer
+from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID, load_tokenizer
 from tasks.headline import gigaword, pairs
 from tasks.headline.example import HeadlinePair
 
@@ -75,6 +75,7 @@ class HeadlineDataModule(pl.LightningDataModule):
         eval_batch_size: int = 64,
         num_workers: int = 0,
         subset_seed: int = 0,
+        output_vocab: str = "train",
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -83,6 +84,11 @@ class HeadlineDataModule(pl.LightningDataModule):
             raise ConfigError(
                 "task.datamodule.source=gigaword needs task.datamodule.gigaword_dir=<folder with "
                 "train/valid/test .article.txt and .title.txt (Rush et al. 2015)>"
+            )
+        if output_vocab not in ("train", "full"):
+            raise ConfigError(
+                f"task.datamodule.output_vocab={output_vocab!r}; use 'train' (the word pieces of the "
+                f"training headlines) or 'full' (all 30,522)"
             )
         if max_source_length < 3 or max_target_length < 3:
             raise ConfigError(
@@ -105,6 +111,7 @@ class HeadlineDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.num_workers = int(num_workers)
         self.subset_seed = int(subset_seed)
+        self.output_vocab = output_vocab
         self.tokenizer = None
         self.data: dict[str, list[dict]] = {}
 
@@ -177,14 +184,30 @@ class HeadlineDataModule(pl.LightningDataModule):
     def model_kwargs(self) -> dict:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(None)
-        return {
+        kwargs = {
             "vocab_size": self.tokenizer.get_vocab_size(),
             "pad_id": PAD_ID,
             "bos_id": CLS_ID,
             "eos_id": SEP_ID,
+            "unk_id": UNK_ID,
             "max_source_positions": self.max_source_length,
             "max_target_positions": self.max_target_length,
         }
+        if self.output_vocab == "train":
+            kwargs["output_vocab"] = self.headline_vocabulary()
+        return kwargs
+
+    def headline_vocabulary(self) -> list[int]:
+        """The token ids of the training headlines, plus [PAD], [UNK], [CLS], [SEP] (sorted).
+
+        The decoder only ever needs to produce these: ~9k of the 30,522 word pieces on Debian.
+        """
+        if "train" not in self.data:
+            self.setup("fit")
+        ids = {PAD_ID, UNK_ID, CLS_ID, SEP_ID}
+        for example in self.data["train"]:
+            ids.update(example["tgt_ids"])
+        return sorted(ids)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         if split not in self.data:

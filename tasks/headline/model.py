@@ -71,6 +71,7 @@ class HeadlineTransformer(nn.Module):
         max_target_positions: int = 64,
         layer_norm_eps: float = 1e-12,
         norm_first: bool = False,
+        output_vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -125,7 +126,37 @@ class HeadlineTransformer(nn.Module):
             nn.LayerNorm(d_model, eps=layer_norm_eps),
         )
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+        # The output vocabulary: the token ids the decoder can produce (all by default; the task
+        # restricts it to the tokens of the training headlines, see `set_output_vocab`).
+        self.vocab_size = vocab_size
+        size = vocab_size if output_vocab_size is None else int(output_vocab_size)
+        self.register_buffer("output_ids", torch.arange(size))
         self.apply(_init_bert_style)
+
+    def set_output_vocab(self, token_ids) -> None:
+        """Let the decoder produce only these token ids (sorted, unique; [PAD], [UNK] and the
+        end token should be among them).
+
+        Projecting onto the ~9k word pieces that occur in Debian headlines instead of all 30,522
+        makes the output layer, which costs most of a small model's training step, ~3x cheaper.
+        """
+        ids = torch.as_tensor(sorted({int(t) for t in token_ids}), dtype=torch.long)
+        if ids.numel() == 0 or ids[0] < 0 or ids[-1] >= self.vocab_size:
+            raise ConfigError(f"output vocabulary ids must lie in [0, {self.vocab_size})")
+        self.output_ids = ids.to(self.output_ids.device)
+
+    @property
+    def restricted_output(self) -> bool:
+        return self.output_ids.numel() < self.vocab_size
+
+    def output_index(self, token_ids: Tensor, unknown_id: int) -> Tensor:
+        """Positions of token ids in the output vocabulary; ids outside it map to `unknown_id`'s."""
+        if not self.restricted_output:
+            return token_ids
+        lookup = torch.full((self.vocab_size,), -1, dtype=torch.long, device=token_ids.device)
+        lookup[self.output_ids] = torch.arange(self.output_ids.numel(), device=token_ids.device)
+        index = lookup[token_ids]
+        return torch.where(index < 0, lookup[unknown_id], index)
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -149,9 +180,23 @@ class HeadlineTransformer(nn.Module):
             self.decode_hidden(tgt_ids, memory, memory_padding_mask, tgt_padding_mask)
         )
 
+    def output_logits(self, hidden: Tensor) -> Tensor:
+        """Decoder states (..., D) -> logits over the output vocabulary (..., len(output_ids)):
+        LM-head transform + the tied word embeddings of those tokens."""
+        h = self.head_transform(hidden)
+        if not self.restricted_output:
+            return h @ self.word_embeddings.weight.t() + self.output_bias
+        weight = self.word_embeddings.weight.index_select(0, self.output_ids)
+        return h @ weight.t() + self.output_bias.index_select(0, self.output_ids)
+
     def project(self, hidden: Tensor) -> Tensor:
-        """Decoder states (..., D) -> vocabulary logits (..., V): LM-head transform + tied output."""
-        return self.head_transform(hidden) @ self.word_embeddings.weight.t() + self.output_bias
+        """Decoder states (..., D) -> logits over all token ids (..., V); -inf outside the output
+        vocabulary (so decoding never produces those tokens)."""
+        logits = self.output_logits(hidden)
+        if not self.restricted_output:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.output_ids, logits)
 
     def decode_hidden(
         self,

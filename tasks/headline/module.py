@@ -3,13 +3,16 @@
 - train: teacher-forced cross-entropy of the next headline token (optional label smoothing)
 - val:   loss on every batch; ROUGE-1/2/L F1 of greedy decodes on the first
          `val_decode_batches` batches (decoding is the slow part on CPU)
-- test:  beam search over the whole test set, test/rouge1, test/rouge2, test/rougeL, and
-         `predictions.tsv` (source, reference, prediction) in the run directory
+- test:  beam search over the test set (or a seeded random `max_test_examples` of it), test/rouge1,
+         test/rouge2, test/rougeL, `predictions.tsv` (source, reference, prediction) in the run
+         directory, and the lead baseline (first `lead_words` words of the article) on the same
+         examples as test/lead_rouge1, test/lead_rouge2, test/lead_rougeL
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -20,6 +23,7 @@ from torch import Tensor
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
 from tasks.common.optim import parameter_groups, warmup_linear_decay
+from tasks.headline.baseline import lead
 from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
 from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
@@ -47,6 +51,9 @@ class HeadlineModule(pl.LightningModule):
         pad_id: int,
         bos_id: int,
         eos_id: int,
+        unk_id: int = 100,
+        output_vocab: Sequence[int] | None = None,
+        output_vocab_size: int | None = None,
         decoder_attention="unas",
         init: str = "random",
         d_model: int = 128,
@@ -68,6 +75,7 @@ class HeadlineModule(pl.LightningModule):
         max_decode_length: int = 32,
         beam_size: int = 4,
         length_penalty: float = 0.6,
+        lead_words: int = 8,
         predictions_file: str = "predictions.tsv",
     ) -> None:
         super().__init__()
@@ -76,7 +84,12 @@ class HeadlineModule(pl.LightningModule):
         # The spec as a plain dict: checkpoints then load without Hydra objects.
         attention = AttentionSpec.from_config(attention).to_dict()
         decoder_attention = AttentionSpec.from_config(decoder_attention).to_dict()
-        self.save_hyperparameters()
+        # The output vocabulary's ids live in the model's state (a buffer), not in the hparams;
+        # its size is enough to rebuild the model from a checkpoint.
+        if output_vocab is not None:
+            output_vocab = sorted({int(t) for t in output_vocab})
+            output_vocab_size = len(output_vocab)
+        self.save_hyperparameters(ignore=["output_vocab"])
         sizes = {
             "d_model": d_model,
             "nhead": nhead,
@@ -99,14 +112,18 @@ class HeadlineModule(pl.LightningModule):
             max_source_positions=max_source_positions,
             max_target_positions=max_target_positions,
             attention_dropout=attention_dropout,
+            output_vocab_size=output_vocab_size,
             **sizes,
         )
+        if output_vocab is not None:
+            self.model.set_output_vocab(output_vocab)
         if init == "bert":
             from tasks.headline.bert_init import load_bert_into
 
             load_bert_into(self.model)
         self.val_rouge = make_rouge()
         self.test_rouge = make_rouge()
+        self.lead_rouge = make_rouge()  # the lead baseline on the same test examples
         self._tokenizer = None
         self._predictions: list[tuple[str, str, str]] = []
 
@@ -139,12 +156,12 @@ class HeadlineModule(pl.LightningModule):
         tgt = batch["tgt_ids"]
         hidden = self.model.forward_hidden(batch["src_ids"], tgt[:, :-1])
         targets = tgt[:, 1:]
-        # Project only the real target positions onto the 30k vocabulary (most are padding).
+        # Project only the real target positions (most are padding) onto the output vocabulary;
+        # a target token outside it (unseen in training headlines) counts as [UNK].
         real = targets.ne(self.hparams.pad_id)
-        logits = self.model.project(hidden[real])
-        return sequence_loss(
-            logits, targets[real], self.hparams.pad_id, self.hparams.label_smoothing
-        )
+        logits = self.model.output_logits(hidden[real])
+        labels = self.model.output_index(targets[real], self.hparams.unk_id)
+        return F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
 
     # -- loops -------------------------------------------------------------------------------
 
@@ -188,6 +205,8 @@ class HeadlineModule(pl.LightningModule):
         )
         predictions = self.ids_to_text(generated)
         self.test_rouge.update(predictions, batch["headlines"])
+        if hp.lead_words > 0:
+            self.lead_rouge.update([lead(a, hp.lead_words) for a in batch["articles"]], batch["headlines"])
         self._predictions.extend(zip(batch["articles"], batch["headlines"], predictions))
 
     def on_test_epoch_start(self) -> None:
@@ -198,6 +217,11 @@ class HeadlineModule(pl.LightningModule):
         for key in ROUGE_KEYS:
             self.log(f"test/{key}", scores[key])
         self.test_rouge.reset()
+        if self.hparams.lead_words > 0:
+            lead_scores = rouge_f1(self.lead_rouge.compute())
+            for key in ROUGE_KEYS:
+                self.log(f"test/lead_{key}", lead_scores[key])
+            self.lead_rouge.reset()
         self.write_predictions(self.predictions_path())
 
     def predictions_path(self) -> Path:
