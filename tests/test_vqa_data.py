@@ -183,7 +183,7 @@ def medium():
 
 
 def test_primary_view_misses_objects_only_a_secondary_view_shows(medium):
-    params, data = medium
+    _params, data = medium
     seen = data["train_object_seen"]
     assert seen.any(axis=1).all()  # every object is seen by some view
     assert 0.33 < (~seen[:, 0]).mean() < 0.47  # the primary view misses ~40% (recall 0.6)
