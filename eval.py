@@ -10,6 +10,7 @@ sys.path.insert(0, ROOT)
 import hydra
 from omegaconf import DictConfig
 
+from attnlab import cli
 from attnlab.runner import evaluate, run_job
 
 
@@ -19,4 +20,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, os.path.join(ROOT, "conf"))

@@ -3,6 +3,9 @@
     python train.py model=hnas task=vqa
     python train.py -m model=unas,dnas,hnas task=vqa seed=1,2,3
     python train.py --help          # every config group and option
+
+Exit codes: 0 done, 2 a configuration or data error (one line on stderr), 143 preempted (SIGTERM:
+checkpoints/last.ckpt written), 1 a bug (with its traceback).
 """
 
 import os
@@ -15,6 +18,7 @@ sys.path.insert(0, ROOT)  # `tasks` importable without installing
 import hydra
 from omegaconf import DictConfig
 
+from attnlab import cli
 from attnlab.runner import run_job, train
 
 
@@ -24,4 +28,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, os.path.join(ROOT, "conf"))

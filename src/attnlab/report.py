@@ -3,7 +3,9 @@
     python -m attnlab.report outputs/multirun/<timestamp> [--metrics test/acc test/acc_count] [--csv out.csv]
 
 Reads every job's metrics.json (written by train.py), groups jobs by their command-line overrides
-without `seed=`, prints a Markdown table and writes `report.csv` next to the jobs.
+without `seed=`, prints a Markdown table and writes `report.csv` next to the jobs. Jobs that did
+not finish are listed under the table with their status: failed (the error), interrupted
+(SIGTERM; resume it), killed (the process died: metrics.json still says running, or there is none).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import csv
 import json
 import math
+import os
+import socket
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,15 +25,47 @@ METRICS_FILE = "metrics.json"
 
 
 def load_jobs(sweep_dir: Path) -> list[dict]:
+    """One record per job dir (a dir with Hydra's .hydra/ or a metrics.json)."""
+    job_dirs = {p.parent for p in sweep_dir.rglob(METRICS_FILE)}
+    job_dirs |= {p.parent for p in sweep_dir.rglob(".hydra") if p.parent != sweep_dir}
     jobs = []
-    for path in sorted(sweep_dir.rglob(METRICS_FILE)):
-        try:
-            record = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            record = {"status": "failed", "error": f"unreadable {path}", "overrides": []}
-        record["_path"] = str(path.parent)
+    for job_dir in sorted(job_dirs):
+        path = job_dir / METRICS_FILE
+        if not path.is_file():
+            record = {"status": "killed", "overrides": _hydra_overrides(job_dir),
+                      "error": "no metrics.json: the process died before training started"}
+        else:
+            try:
+                record = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                record = {"status": "failed", "error": f"unreadable {path}", "overrides": []}
+        if record.get("status") == "running" and not _still_running(record):
+            record["status"] = "killed"
+            record["error"] = "the process died during training (kill -9, out of memory, lost node)"
+        record["_path"] = str(job_dir)
         jobs.append(record)
     return jobs
+
+
+def _hydra_overrides(job_dir: Path) -> list[str]:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    # a YAML list of strings, one "- key=value" per line
+    return [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
+
+
+def _still_running(record: dict) -> bool:
+    """A job marked running: is its process alive? (Unknown on another host: assume yes.)"""
+    if record.get("host") != socket.gethostname() or not record.get("pid"):
+        return True
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def config_key(record: dict) -> str:
@@ -55,7 +91,7 @@ def build_table(jobs: list[dict], metrics: list[str] | None = None) -> tuple[lis
     if not metrics:
         names = {k for j in jobs if j.get("status") == "ok" for k in j.get("metrics", {})}
         metrics = sorted(k for k in names if k.startswith("test/"))
-    header = ["configuration", "seeds", "failed"] + metrics
+    header = ["configuration", "seeds", "not finished"] + metrics
     rows = []
     for key, group in groups.items():
         ok = [j for j in group if j.get("status") == "ok"]
@@ -115,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(header, rows))
     for job in jobs:
         if job.get("status") != "ok":
-            print(f"\nfailed: {job['_path']}: {job.get('error', '?')}")
+            print(f"\n{job.get('status', 'failed')}: {job['_path']}: {job.get('error', '?')}")
     csv_path = args.csv or args.sweep_dir / "report.csv"
     write_csv(csv_path, header, rows)
     print(f"\nCSV: {csv_path}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -23,8 +25,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab.attention import AttentionSpec, attention_modules
-from attnlab.errors import ConfigError
+from attnlab import checkpoints, logger_guard
+from attnlab.attention import attention_modules
+from attnlab.config_schema import validate
+from attnlab.errors import ConfigError, full_error, report, require_file, user_error_message
 from attnlab.report import METRICS_FILE
 
 
@@ -74,8 +78,10 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     if ckpt in (None, ""):
         return None
     if str(ckpt) != "last":
-        if not Path(ckpt).is_file():
-            raise ConfigError(f"ckpt_path={ckpt} does not exist; give the path of a .ckpt file or ckpt_path=last")
+        if Path(ckpt).is_dir() and (Path(ckpt) / "checkpoints" / "last.ckpt").is_file():
+            raise ConfigError(f"ckpt_path={ckpt} is a run directory, not a file; give its checkpoint, "
+                              f"e.g. ckpt_path={Path(ckpt) / 'checkpoints' / 'last.ckpt'}")
+        require_file(ckpt, "ckpt_path", example="ckpt_path=last")
         return str(ckpt)
     here = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
     if here.is_file():
@@ -161,7 +167,12 @@ def print_summary(title: str, record: dict) -> None:
 def train(cfg: DictConfig) -> dict:
     """Fit, then test the best checkpoint. Returns the record also written to metrics.json."""
     t0 = time.time()
+    validate(cfg)  # every option, before any work: one clear ConfigError
     ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
+    checkpoint = None
+    if ckpt_path:
+        checkpoint = checkpoints.read(ckpt_path)  # not truncated, a Lightning checkpoint
+        checkpoints.check_run(ckpt_path, checkpoint, cfg.task.name, cfg.model.name)
     if ckpt_path and (Path(ckpt_path).parent.parent / "config.yaml").is_file():
         # a resumed run finishes in its own run dir: checkpoints, best-model tracking, PNGs and
         # metrics.json stay together (this invocation's Hydra dir keeps only its log)
@@ -171,24 +182,31 @@ def train(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-    AttentionSpec.from_config(cfg.model)  # fail early, with a clear message, on bad model options
+    if is_multirun():  # the sweep report tells a killed job (still "running") from a finished one
+        write_json(out_dir / METRICS_FILE, job_record(cfg, "running", pid=os.getpid(),
+                                                          host=socket.gethostname()))
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    datamodule = hydra.utils.instantiate(cfg.task.datamodule)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    module = hydra.utils.instantiate(cfg.task.module, **datamodule.model_kwargs())
-
+    # The trainer first: Lightning checks its own arguments before any data work.
     callbacks = build_callbacks(cfg)
-    loggers = build_loggers(cfg)
-    for logger in loggers:  # the whole composed config, not only the module's hyper-parameters
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    # a logger that fails warns once and is dropped; the run goes on (attnlab.logger_guard)
+    loggers = logger_guard.guard(build_loggers(cfg))
     # A resumed run skips the sanity check: its validation dataloader would draw from the RNG
     # restored from the checkpoint, and the run would no longer continue bit-for-bit.
     extra = {"num_sanity_val_steps": 0} if ckpt_path else {}
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra
     )
+
+    datamodule = hydra.utils.instantiate(cfg.task.datamodule)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    module = hydra.utils.instantiate(cfg.task.module, **datamodule.model_kwargs())
+    if checkpoint is not None:
+        checkpoints.check_fits(ckpt_path, checkpoint, module)  # a checkpoint of another model
+        del checkpoint
+    for logger in loggers:  # the whole composed config, not only the module's hyper-parameters
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     val_score = None
     if cfg.get("train", True):
@@ -226,7 +244,7 @@ def train(cfg: DictConfig) -> dict:
         "hnas_u": hnas_u_per_layer(module),
         "run_dir": str(out_dir),
         "wall_s": round(time.time() - t0, 1),
-        **wandb_run_info(loggers),
+        **wandb_run_info(logger_guard.alive(loggers)),
     }
     if trainer.is_global_zero:
         write_json(out_dir / METRICS_FILE, record)
@@ -235,11 +253,20 @@ def train(cfg: DictConfig) -> dict:
     return record
 
 
+def job_record(cfg: DictConfig, status: str, **extra) -> dict:
+    return {
+        "status": status, "task": cfg.task.name, "model": cfg.model.name, "seed": int(cfg.seed),
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "metrics": {}, **extra,
+    }
+
+
 def run_job(fn, cfg: DictConfig) -> float | None:
     """Run one job with user-facing error handling.
 
-    A ConfigError prints its message alone. In a multirun a failing job is recorded in its
-    metrics.json (status=failed) and the sweep goes on.
+    A configuration or data error (attnlab.errors.user_error_message) prints one line and exits
+    with code 2. In a multirun a failing job is recorded in its metrics.json (status=failed) and
+    the sweep goes on; a preempted one (SIGTERM) is recorded as interrupted.
     """
     try:
         record = fn(cfg)
@@ -248,43 +275,39 @@ def run_job(fn, cfg: DictConfig) -> float | None:
     except SIGTERMException:
         # preempted: PreemptionCheckpoint wrote last.ckpt; a non-zero exit tells the scheduler
         finish_wandb()
+        if is_multirun():
+            write_json(Path(cfg.paths.output_dir) / METRICS_FILE,
+                       job_record(cfg, "interrupted", error="SIGTERM: checkpoints/last.ckpt written; "
+                                                             "resume with ckpt_path=<it>"))
         raise SystemExit(143) from None
     except Exception as exc:
         finish_wandb()
-        message = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        user_message = user_error_message(
+            exc, HydraConfig.get().overrides.task if HydraConfig.initialized() else sys.argv[1:])
+        message = user_message or f"{type(exc).__name__}: {exc}"
         if is_multirun():
             out_dir = Path(cfg.paths.output_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(out_dir / METRICS_FILE, {
-                "status": "failed", "error": message, "traceback": traceback.format_exc(),
-                "task": cfg.task.name, "model": cfg.model.name, "seed": int(cfg.seed),
-                "overrides": list(HydraConfig.get().overrides.task), "metrics": {},
-            })
+            write_json(out_dir / METRICS_FILE, job_record(
+                cfg, "failed", error=message, traceback=traceback.format_exc()))
             print(f"[attnlab] job failed (recorded, sweep continues): {message}")
             return math.nan
-        if isinstance(exc, ConfigError):
-            from rich.console import Console
-
-            Console(stderr=True).print(f"[bold red]error:[/] {message}")
+        if user_message is not None and not full_error():
+            report(user_message)
             raise SystemExit(2) from None
         raise
 
 
 # ----------------------------------------------------------------------------- eval
-def _saved_run_config(ckpt: Path) -> DictConfig | None:
-    for parent in list(ckpt.parents)[:3]:
-        for name in ("config.yaml", ".hydra/config.yaml"):
-            if (parent / name).is_file():
-                return OmegaConf.load(parent / name)
-    return None
-
-
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise ConfigError("ckpt_path is required: python eval.py "
+                          "ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
+    validate(cfg)
     ckpt = Path(str(cfg.ckpt_path))
-    if not ckpt.is_file():
-        raise ConfigError(f"ckpt_path={ckpt} does not exist; point it at a .ckpt in outputs/<task>/<model>/<run>/checkpoints/")
-    saved = _saved_run_config(ckpt)
+    checkpoint = checkpoints.read(ckpt)  # exists, is a file, not truncated
+    saved = checkpoints.run_config(ckpt)
     task_cfg = saved.task if saved is not None else cfg.task
     if HydraConfig.initialized():  # dotted command-line overrides of task.* still apply
         dotted = [o for o in HydraConfig.get().overrides.task if o.startswith("task.")]
@@ -294,7 +317,17 @@ def evaluate(cfg: DictConfig) -> dict:
             )
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module_cls = hydra.utils.get_class(task_cfg.module._target_)
-    module = module_cls.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    try:
+        module = module_cls.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    except Exception as err:  # another task's checkpoint: unexpected hyper-parameters or weights
+        if user_error_message(err) is not None:
+            raise
+        raise ConfigError(
+            f"ckpt_path={ckpt} cannot be loaded as {module_cls.__name__} (task={task_cfg.name}): "
+            f"{type(err).__name__}: {str(err).splitlines()[0]}; give task=<its task> or keep the "
+            f"checkpoint inside its run dir (next to config.yaml)"
+        ) from err
+    del checkpoint
     datamodule = hydra.utils.instantiate(task_cfg.datamodule)
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=False, callbacks=[])
     if cfg.split == "val":

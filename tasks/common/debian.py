@@ -346,14 +346,25 @@ def build_rows(files: Sequence[Path], fractions: Sequence[float] = DEFAULT_FRACT
 
 
 def is_prepared(data_dir: str | Path) -> bool:
+    return unusable_because(data_dir) is None
+
+
+def unusable_because(data_dir: str | Path) -> str | None:
+    """Why the prepared records cannot be used as they are (None: they can)."""
     data_dir = Path(data_dir)
-    manifest = data_dir / MANIFEST_FILE
-    if not (manifest.is_file() and (data_dir / RECORDS_FILE).is_file()):
-        return False
+    manifest, records = data_dir / MANIFEST_FILE, data_dir / RECORDS_FILE
+    if not (manifest.is_file() and records.is_file()):
+        return f"{records} or {manifest.name} is missing"
     try:
-        return json.loads(manifest.read_text()).get("format_version") == FORMAT_VERSION
+        info = json.loads(manifest.read_text())
     except (OSError, ValueError):
-        return False
+        return f"{manifest} is unreadable"
+    if info.get("format_version") != FORMAT_VERSION:
+        return f"the record format changed (version {info.get('format_version')} -> {FORMAT_VERSION})"
+    expected = info.get("records_bytes")  # absent in manifests of older versions
+    if expected is not None and records.stat().st_size != expected:
+        return f"{records} has {records.stat().st_size} bytes, its manifest says {expected} (truncated)"
+    return None
 
 
 def prepare(
@@ -374,22 +385,36 @@ def prepare(
     # Parallel jobs of a sweep may all arrive here: one prepares, the others wait and reuse it.
     with open(data_dir / ".prepare.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_prepared(data_dir) and not force:
+        reason = unusable_because(data_dir)
+        if reason is None and not force:
             return records_path
+        if (data_dir / MANIFEST_FILE).is_file() and not force:
+            print(f"[debian] rebuilding the cache because {reason}", flush=True)
         return _prepare_locked(data_dir, fractions, files, force)
 
 
 def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[str | Path] | None,
                     force: bool) -> Path:
     records_path = data_dir / RECORDS_FILE
+    fetched = False
     if files is None:
         source_files = translation_files(data_dir) if not force else []
         if not source_files:
-            source_files = fetch(data_dir)
+            source_files, fetched = fetch(data_dir), True
     else:
         source_files = [Path(f) for f in files]
     print(f"[debian] reading {len(source_files)} files into {records_path}", flush=True)
-    rows = build_rows(source_files, fractions)
+    try:
+        rows = build_rows(source_files, fractions)
+    except DataError as err:
+        if files is not None or fetched:
+            raise
+        # a download cut short: fetch the index files again (apt-get checks their hashes)
+        print(f"[debian] rebuilding the cache because a download is damaged ({err})", flush=True)
+        for path in source_files:
+            path.unlink(missing_ok=True)
+        source_files = fetch(data_dir)
+        rows = build_rows(source_files, fractions)
     if not rows:
         raise DataError(
             f"no package descriptions found in {[str(f) for f in source_files]}; the files are "
@@ -402,6 +427,7 @@ def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sources": [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_of(f)} for f in source_files],
         "records": len(rows),
+        "records_bytes": records_path.stat().st_size,
         "records_per_split": per_split,
         "fractions": list(fractions),
         "split_rule": "sha256(family_of(package)) -> fractions (train, val, test)",

@@ -42,7 +42,7 @@ class LengthGroupedSampler(EpochSeededSampler):
         self.lengths = torch.as_tensor(list(lengths))
         self.batch_size, self.pool = int(batch_size), int(pool)
 
-    def __iter__(self):
+    def epoch_order(self) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(self.n, generator=g)
         result = []
@@ -52,7 +52,7 @@ class LengthGroupedSampler(EpochSeededSampler):
             batches = list(chunk.split(self.batch_size))
             for i in torch.randperm(len(batches), generator=g).tolist():
                 result.extend(batches[i].tolist())
-        return iter(result)
+        return result
 
 
 class HeadlineDataModule(pl.LightningDataModule):

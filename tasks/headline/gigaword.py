@@ -15,7 +15,7 @@ import logging
 import re
 from pathlib import Path
 
-from attnlab.errors import DataError
+from attnlab.errors import DataError, require_dir
 from tasks.headline.example import HeadlinePair
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def read_split(
     data_dir: str | Path, split: str, drop_empty: bool | None = None
 ) -> list[HeadlinePair]:
     """Read one split. `drop_empty` defaults to True for train and False for valid/test."""
+    require_dir(data_dir, "task.gigaword_dir", example="task.gigaword_dir=/data/sumdata/train")
     article_path, title_path = split_files(data_dir, split)
     missing = [str(p) for p in (article_path, title_path) if not p.is_file()]
     if missing:

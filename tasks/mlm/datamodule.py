@@ -26,7 +26,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.caches import read_npz
+from attnlab.errors import ConfigError, DataError, require_file
 from attnlab.sampling import EpochSeededSampler
 from tasks.common import bert_assets, debian
 from tasks.mlm.masking import IGNORE, MaskingConfig, example_rng, mask_example
@@ -130,9 +131,7 @@ def read_plain_text(files: Sequence[str | Path]) -> list[str]:
     """Paragraphs (blocks separated by blank lines, lines joined) of UTF-8 text files."""
     paragraphs = []
     for name in files:
-        path = Path(name)
-        if not path.is_file():
-            raise DataError(f"text file {path} (task.data.files) does not exist; fix the path")
+        path = require_file(name, "task.data.files", example="task.data.files=[corpus/a.txt]")
         text = path.read_text(encoding="utf-8", errors="replace")
         for block in re.split(r"\n\s*\n", text):
             paragraph = " ".join(block.split())
@@ -184,8 +183,7 @@ class MLMDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         if self.files:  # user text: nothing to fetch, but say early if a file is missing
             for name in self.files:
-                if not Path(name).is_file():
-                    raise DataError(f"text file {name} (task.data.files) does not exist; fix the path")
+                require_file(name, "task.data.files", example="task.data.files=[corpus/a.txt]")
             return
         debian.prepare(self.data_dir)
 
@@ -240,10 +238,10 @@ class MLMDataModule(pl.LightningDataModule):
 
     def _load_splits(self) -> dict[str, PackedText]:
         cache = self._cache_path()
-        if cache is not None and cache.is_file():
-            with np.load(cache) as arrays:
-                return {split: PackedText(arrays[f"{split}_ids"], arrays[f"{split}_word_ids"],
-                                          arrays[f"{split}_offsets"]) for split in debian.SPLITS}
+        arrays = read_npz(cache) if cache is not None else None  # None: absent or damaged (rebuilt)
+        if arrays is not None:
+            return {split: PackedText(arrays[f"{split}_ids"], arrays[f"{split}_word_ids"],
+                                      arrays[f"{split}_offsets"]) for split in debian.SPLITS}
         hp = self.hparams
         limits = {"train": hp.max_train_examples, "val": hp.max_eval_examples, "test": hp.max_eval_examples}
         texts = {}

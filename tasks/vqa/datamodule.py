@@ -30,7 +30,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.errors import ConfigError, DataError, require_dir, require_file
 from attnlab.sampling import EpochSeededSampler
 from tasks.vqa import synthetic
 from tasks.vqa.metric import VQAAccuracy, answer_scores, normalize_answer
@@ -196,11 +196,11 @@ class VQADataModule(pl.LightningDataModule):
                 cfg = self._vqav2_split(split)
                 for key in ("questions", "annotations"):
                     path = cfg.get(key)
-                    if not path or not Path(path).is_file():
-                        raise DataError(
-                            f"VQA-v2 {split} {key} file not found: {path}; set "
-                            f"task.vqav2.{split}.{key} to the official JSON file"
-                        )
+                    if not path:
+                        raise DataError(f"task.vqav2.{split}.{key} is not set; give the official "
+                                        f"VQA-v2 {key} JSON file")
+                    require_file(path, f"task.vqav2.{split}.{key}",
+                                 example=f"task.vqav2.{split}.{key}=/data/vqa/v2_{key}.json")
                 dirs = cfg.get("feature_dirs") or []
                 if not dirs:
                     raise ConfigError(
@@ -208,11 +208,7 @@ class VQADataModule(pl.LightningDataModule):
                         f"directory per view (detector), e.g. '[/feats/d1,/feats/d2,/feats/d3]'"
                     )
                 for directory in dirs:
-                    if not Path(directory).is_dir():
-                        raise DataError(
-                            f"VQA-v2 {split} feature directory not found: {directory}; fix "
-                            f"task.vqav2.{split}.feature_dirs"
-                        )
+                    require_dir(directory, f"task.vqav2.{split}.feature_dirs")
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -224,8 +220,7 @@ class VQADataModule(pl.LightningDataModule):
             self.datasets[split] = self._encode(data)
 
     def _read_synthetic(self) -> dict[str, RawSplit]:
-        path = synthetic.prepare(self.data_dir, self.synthetic_params)
-        arrays = synthetic.load(path)
+        arrays = synthetic.load_or_rebuild(self.data_dir, self.synthetic_params)
         self.question_types = list(synthetic.QUESTION_TYPES)
         raw = {}
         for split in synthetic.SPLITS:

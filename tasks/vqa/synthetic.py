@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.caches import read_npz
 from attnlab.errors import ConfigError, DataError
 
 # Bump when the generator's output changes for the same parameters, so old caches are not reused.
@@ -192,6 +193,12 @@ def prepare(data_dir: str | os.PathLike, params: SyntheticParams) -> Path:
         raise
     print(f"[vqa] generated synthetic benchmark in {time.perf_counter() - start:.1f}s -> {path}")
     return path
+
+
+def load_or_rebuild(data_dir: str | os.PathLike, params: SyntheticParams) -> dict[str, np.ndarray]:
+    """The cached data set, generated first if needed; a damaged cache is generated again."""
+    arrays = read_npz(prepare(data_dir, params))
+    return arrays if arrays is not None else load(prepare(data_dir, params))
 
 
 def load(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from attnlab.callbacks.explained_away import ExplainedAway
 from attnlab.callbacks.head_diversity import HeadDiversity
 from attnlab.callbacks.head_importance import HeadImportance
 from attnlab.callbacks.hybrid_weights import HybridWeights
-from attnlab.callbacks.preemption import PreemptionCheckpoint, RngState
+from attnlab.callbacks.preemption import MidEpochCheckpoint, PreemptionCheckpoint, RngState
 from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "HeadDiversity",
     "HeadImportance",
     "HybridWeights",
+    "MidEpochCheckpoint",
     "PreemptionCheckpoint",
     "RepulsiveAttention",
     "RngState",

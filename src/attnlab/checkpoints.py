@@ -1,0 +1,122 @@
+"""Checkpoint files: written atomically, and checked before a run trusts them.
+
+`AtomicCheckpointIO` (set in conf/trainer/default.yaml) writes each checkpoint to a hidden
+`.<name>.partial` file in the checkpoint's own folder, fsyncs it and renames it over the old one:
+a kill at any moment leaves either the previous complete file or the new one. (Lightning's
+default goes through fsspec, which writes to the system temp dir and moves the file: a copy,
+not a rename, when /tmp is another filesystem.)
+
+`read` / `check_run` / `check_fits` turn a missing file, a directory, a truncated or corrupt file,
+or a checkpoint of another task or model into one ConfigError/DataError naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from omegaconf import OmegaConf
+
+from attnlab.errors import ConfigError, DataError, require_file
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if "://" in str(path):  # remote storage: fsspec's own transaction
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        with open(partial, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+
+
+def read(path, key: str = "ckpt_path") -> dict:
+    """The checkpoint (tensors memory-mapped, cheap), or one DataError naming what is wrong."""
+    path = require_file(path, key, example=f"{key}=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001 - not a zip file (legacy, or damaged): read it plainly
+        ckpt = None
+    try:
+        if ckpt is None:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - zip, pickle, EOF errors: all mean the same here
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"{key}={path} is not a readable checkpoint (truncated or corrupt: {detail}); use "
+            f"another one{_siblings(path)}"
+        ) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise DataError(f"{key}={path} is not a Lightning checkpoint (no state_dict); give a .ckpt "
+                        f"written by train.py{_siblings(path)}")
+    return ckpt
+
+
+def _siblings(path: Path) -> str:
+    others = sorted(p.name for p in path.parent.glob("*.ckpt") if p != path)
+    return f", e.g. one of {', '.join(others)} in {path.parent}" if others else ""
+
+
+def run_config(path) -> Any | None:
+    """The composed config of the run that wrote the checkpoint (its run dir's config.yaml)."""
+    for parent in list(Path(path).parents)[:3]:
+        for name in ("config.yaml", ".hydra/config.yaml"):
+            if (parent / name).is_file():
+                return OmegaConf.load(parent / name)
+    return None
+
+
+def origin(path, ckpt: dict) -> dict[str, str]:
+    """task and model names of the run that wrote the checkpoint, as far as they are known."""
+    found: dict[str, str] = {}
+    saved = run_config(path)
+    if saved is not None:
+        found = {k: str(OmegaConf.select(saved, f"{k}.name")) for k in ("task", "model")
+                 if OmegaConf.select(saved, f"{k}.name") is not None}
+    attention = (ckpt.get("hyper_parameters") or {}).get("attention")
+    if "model" not in found and hasattr(attention, "get") and attention.get("name"):
+        found["model"] = str(attention.get("name"))
+    return found
+
+
+def check_run(path, ckpt: dict, task: str, model: str) -> None:
+    """Resuming needs a checkpoint of the same task and model."""
+    theirs = origin(path, ckpt)
+    ours = {"task": task, "model": model}
+    if any(theirs.get(k, ours[k]) != ours[k] for k in ours):
+        was = " ".join(f"{k}={v}" for k, v in theirs.items())
+        raise ConfigError(
+            f"ckpt_path={path} is a checkpoint of {was}, this run is task={task} model={model}; "
+            f"resume it with {was}, or start without ckpt_path"
+        )
+
+
+def check_fits(path, ckpt: dict, module: torch.nn.Module) -> None:
+    """The checkpoint's weights must be this module's: same names, same shapes."""
+    theirs, ours = ckpt["state_dict"], module.state_dict()
+    missing = [k for k in ours if k not in theirs]
+    unexpected = [k for k in theirs if k not in ours]
+    reshaped = [k for k in ours if k in theirs and tuple(theirs[k].shape) != tuple(ours[k].shape)]
+    if not (missing or unexpected or reshaped):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of this model's weights are not in it (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} of its weights are not in this model (e.g. {unexpected[0]})")
+    if reshaped:
+        k = reshaped[0]
+        parts.append(f"{len(reshaped)} have another shape (e.g. {k}: {tuple(theirs[k].shape)} there, "
+                     f"{tuple(ours[k].shape)} here)")
+    was = " ".join(f"{k}={v}" for k, v in origin(path, ckpt).items())
+    raise ConfigError(
+        f"ckpt_path={path} does not fit this model: {'; '.join(parts)}; resume with the task and "
+        f"model options it was trained with{f' ({was})' if was else ''}, or start without ckpt_path"
+    )
