@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,9 @@ def run_app(args: list[str], env: dict[str, str], script: str = "train.py") -> A
             cli.run(app.main, ROOT / "conf")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    except Exception:  # noqa: BLE001 - what Python does with an uncaught exception
+        err.write(traceback.format_exc())
+        code = 1
     finally:
         sys.argv = saved_argv
         os.environ.clear()

@@ -54,6 +54,7 @@ CASES: list[Case] = [
     Case("negative gradient clipping", ("trainer.gradient_clip_val=-1",), "trainer.gradient_clip_val=-1"),
     Case("a word for the validation interval", ("trainer.val_check_interval=abc",),
          "trainer.val_check_interval=abc"),
+    Case("an unknown strategy (Lightning's ValueError)", ("trainer.strategy=nope",), "trainer.strategy=nope"),
     # --- types and ranges: task and data
     Case("batch size 0", ("task.datamodule.batch_size=0",), "task.datamodule.batch_size=0"),
     Case("a word for the batch size", ("task.datamodule.batch_size=abc",), "task.datamodule.batch_size=abc"),
@@ -97,26 +98,33 @@ CASES: list[Case] = [
 
 # Faults survived: what goes wrong, what happens, and the test that shows it.
 FAULTS: list[tuple[str, str, str]] = [
-    ("a logger fails (W&B dir not writable, disk full)",
+    ("a logger fails (disk full, a dead service)",
      ("one warning `[attnlab] logger X failed in ...; training goes on without it`; the other "
       "loggers, metrics.json and checkpoints are written"),
      "test_faults.py::test_a_failing_logger_warns_once_and_the_run_goes_on"),
-    ("a sweep job fails or is killed (kill -9, out of memory)",
-     ("the other jobs run; `attnlab.report` lists it under the table as `failed` (with the error) "
-      "or `killed` (its metrics.json still says `running`, or there is none)"),
-     "test_faults.py::test_a_killed_and_a_failed_sweep_job_do_not_stop_the_others"),
-    ("`kill -9` in the middle of an epoch",
-     ("`ckpt_path=last` resumes from the last mid-epoch checkpoint (every "
+    ("the W&B dir cannot be created or written",
+     "W&B writes the run under the system temp dir instead; the summary and metrics.json say where",
+     "test_faults.py::test_a_failing_logger_warns_once_and_the_run_goes_on"),
+    ("a sweep job fails",
+     ("the other jobs run; `attnlab.report` lists it under the table as `failed`, with the error"),
+     "test_faults.py::test_a_failed_sweep_job_does_not_stop_the_others"),
+    ("a sweep job is killed (kill -9, out of memory)",
+     ("`attnlab.report` lists it as `killed` (its metrics.json still says `running`, or there is "
+      "none); with a process per job (`hydra/launcher=submitit_local`, `submitit_slurm`) the other "
+      "jobs run on, with the default launcher the sweep's one process is gone"),
+     "test_faults.py::test_a_killed_sweep_job_does_not_stop_the_others (slow)"),
+    ("`kill -9` in the middle of an epoch, or at an epoch end",
+     ("`ckpt_path=last` resumes from the last checkpoint (within epochs: every "
       "`callbacks.last_checkpoint.every_n_train_steps`, default 100) and reaches the same final "
       "metrics as an uninterrupted run (CPU)"),
-     "test_faults.py::test_kill_9_mid_epoch_then_resume_reaches_the_same_metrics"),
+     "test_faults.py::test_kill_9_then_resume_reaches_the_same_metrics"),
     ("a kill while a checkpoint is written",
      "the previous checkpoint stays whole and loadable (written to `.<name>.partial`, then renamed)",
      "test_faults.py::test_a_kill_during_a_save_leaves_the_previous_checkpoint"),
     ("SIGTERM / Ctrl-C (preemption)",
      "`checkpoints/last.ckpt` is written, exit code 143; `ckpt_path=last` resumes",
      "test_cli.py::test_sigterm_writes_a_checkpoint_that_resumes"),
-    ("a truncated data cache (the VQA `.npz`, the tokenized MLM corpus, Debian `records.jsonl`)",
+    ("a truncated data cache (the VQA `.npz`, Debian `records.jsonl`; the MLM token cache alike)",
      "`rebuilding the cache because ...`, then the run goes on",
      "test_faults.py::test_truncated_caches_are_rebuilt"),
 ]
@@ -155,7 +163,7 @@ def run_case(case: Case, tmp: Path, env: dict, run_app, quiet, tiny):
 
 
 def command(case: Case) -> str:
-    return " ".join(["python", case.script, *case.args])
+    return " ".join(["python", case.script, *case.args]).replace("{tmp}", "<dir>")
 
 
 def shown(line: str, tmp: Path) -> str:

@@ -95,7 +95,7 @@ def test_a_failing_logger_warns_once_and_the_run_goes_on(tmp_path, data_dir):
     proc = run_cli(["task=vqa", *TINY["vqa"], *QUIET, "logger=[wandb,csv]", f"logger.wandb.save_dir={not_a_dir}/w",
                     "+logger.full._target_=fault_injection.DiskFullLogger", f"+logger.full.save_dir={tmp_path}/full",
                     "trainer.log_every_n_steps=1"], tmp_path, data_dir, env=FAULT_ENV)
-    warnings = [line for line in proc.stderr.splitlines() if "[attnlab] logger" in line]
+    warnings = [line for line in proc.stderr.splitlines() if "Warning: [attnlab] logger" in line]
     assert len(warnings) == 1 and "DiskFullLogger failed in log_metrics" in warnings[0], proc.stderr[-3000:]
     assert "No space left on device" in warnings[0] and "training goes on without it" in warnings[0]
     record = finished(tmp_path / "outputs")
@@ -161,3 +161,17 @@ def test_truncated_caches_are_rebuilt(tmp_path, capsys):
     debian.prepare(tmp_path / "deb", files=files)
     assert records.read_text() == whole
     assert "rebuilding the cache because" in capsys.readouterr().out
+
+
+def test_samplers_resume_after_the_samples_an_epoch_used():
+    from attnlab.sampling import EpochSeededSampler
+    from tasks.headline.datamodule import LengthGroupedSampler
+
+    for sampler in (EpochSeededSampler(50, seed=3), LengthGroupedSampler(list(range(50)), batch_size=4, seed=3)):
+        sampler.set_epoch(2)
+        full = list(sampler)
+        sampler.resume(2, 12)
+        assert list(sampler) == full[12:]
+        assert list(sampler) == full  # once only
+        sampler.resume(1, 12)
+        assert list(sampler) == full  # another epoch: nothing skipped

@@ -51,3 +51,29 @@ def test_missing_dir_is_a_clear_error(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     assert report.main([str(tmp_path)]) == 2
     assert "no metrics.json" in capsys.readouterr().err
+
+
+def test_killed_jobs_are_listed(tmp_path, capsys):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    write_job(tmp_path, 0, "unas", 1, 0.5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    running = tmp_path / "1_vqa_unas_seed2"
+    running.mkdir()
+    (running / "metrics.json").write_text(json.dumps({
+        "status": "running", "pid": dead.pid, "host": socket.gethostname(), "overrides": ["model=unas", "task=vqa", "seed=2"]}))
+    alive = tmp_path / "2_vqa_unas_seed3"  # still running (this very process)
+    alive.mkdir()
+    (alive / "metrics.json").write_text(json.dumps({
+        "status": "running", "pid": os.getpid(), "host": socket.gethostname(), "overrides": ["model=unas", "task=vqa"]}))
+    never = tmp_path / "3_vqa_unas_seed4" / ".hydra"  # died before the runner wrote anything
+    never.mkdir(parents=True)
+    (never / "overrides.yaml").write_text("- model=unas\n- task=vqa\n- seed=4\n")
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"killed: {running}" in out and f"running: {alive}" in out and f"killed: {never.parent}" in out
+    assert "| model=unas task=vqa | 1 | 3 |" in out

@@ -123,7 +123,7 @@ def task_rule(name: str) -> Rule | None:
 
 def _check_top_level(cfg: DictConfig) -> None:
     checks = {
-        "seed": (lambda v: _int(v), "an integer", "seed=3"),
+        "seed": (_int, "an integer", "seed=3"),
         "train": (lambda v: isinstance(v, bool), "true or false", "train=false"),
         "test": (lambda v: isinstance(v, bool), "true or false", "test=false"),
         "ckpt_path": (lambda v: v is None or isinstance(v, str), "last or a path to a .ckpt",

@@ -81,7 +81,7 @@ def user_error_message(exc: BaseException, argv: Iterable[str] = ()) -> str | No
     if isinstance(exc, ConfigError):
         return _one_line(str(exc))
     if _is_lightning_misconfiguration(exc):
-        return _one_line(f"{_trainer_key(str(exc), argv)}: {exc}")
+        return _one_line(f"{trainer_key(str(exc), argv)}: {exc}")
     if isinstance(exc, MissingConfigException):
         return _missing_option(exc)
     if isinstance(exc, OverrideParseException):
@@ -97,11 +97,13 @@ def user_error_message(exc: BaseException, argv: Iterable[str] = ()) -> str | No
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _one_line(f"{key}: {first}" if key else first)
     if isinstance(exc, OSError) and exc.errno in _FILE_ERRNOS and exc.filename:
-        return _one_line(f"{exc.filename}: {exc.strerror}; fix the path in the config")
+        hint = "; fix the path in the config" if exc.errno in _PATH_ERRNOS else ""
+        return _one_line(f"{exc.filename}: {exc.strerror}{hint}")
     return None
 
 
-_FILE_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.ENOSPC, errno.EROFS}
+_PATH_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
+_FILE_ERRNOS = _PATH_ERRNOS | {errno.EACCES, errno.ENOSPC, errno.EROFS}
 
 
 def _one_line(text: str) -> str:
@@ -114,7 +116,7 @@ def _target_name(exc: BaseException) -> str:
     return match.group(1) if match else "instantiation"
 
 
-def _trainer_key(message: str, argv: Iterable[str]) -> str:
+def trainer_key(message: str, argv: Iterable[str]) -> str:
     """`trainer.<name>=<value>` for the trainer override a Lightning message is about."""
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")

@@ -21,6 +21,7 @@ import hydra
 import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -28,7 +29,14 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from attnlab import checkpoints, logger_guard
 from attnlab.attention import attention_modules
 from attnlab.config_schema import validate
-from attnlab.errors import ConfigError, full_error, report, require_file, user_error_message
+from attnlab.errors import (
+    ConfigError,
+    full_error,
+    report,
+    require_file,
+    trainer_key,
+    user_error_message,
+)
 from attnlab.report import METRICS_FILE
 
 
@@ -70,6 +78,17 @@ def build_loggers(cfg: DictConfig) -> list:
             os.environ.setdefault("WANDB_SILENT", "true")
         loggers.append(hydra.utils.instantiate(conf, **kwargs))
     return loggers
+
+
+def build_trainer(cfg: DictConfig, **kwargs) -> pl.Trainer:
+    """The Trainer; Lightning's own ValueErrors about its arguments are configuration errors."""
+    try:
+        return hydra.utils.instantiate(cfg.trainer, **kwargs)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, (ValueError, TypeError)) and user_error_message(exc) is None:
+            overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+            raise ConfigError(f"{trainer_key(str(exc.__cause__), overrides)}: {exc.__cause__}") from exc
+        raise
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
@@ -194,9 +213,7 @@ def train(cfg: DictConfig) -> dict:
     # A resumed run skips the sanity check: its validation dataloader would draw from the RNG
     # restored from the checkpoint, and the run would no longer continue bit-for-bit.
     extra = {"num_sanity_val_steps": 0} if ckpt_path else {}
-    trainer: pl.Trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra
-    )
+    trainer = build_trainer(cfg, callbacks=callbacks, logger=loggers or False, **extra)
 
     datamodule = hydra.utils.instantiate(cfg.task.datamodule)
     datamodule.prepare_data()
@@ -329,7 +346,7 @@ def evaluate(cfg: DictConfig) -> dict:
         ) from err
     del checkpoint
     datamodule = hydra.utils.instantiate(task_cfg.datamodule)
-    trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, logger=False, callbacks=[])
+    trainer = build_trainer(cfg, logger=False, callbacks=[])
     if cfg.split == "val":
         results = trainer.validate(module, datamodule=datamodule)
     else:
