@@ -140,7 +140,7 @@ def test_missing_or_corrupt_json_is_a_data_error(fixture_copy):
         read_split(cfg["train"]["questions"], cfg["train"]["annotations"])
     Path(cfg["val"]["questions"]).unlink()
     dm = VQADataModule(data_dir="unused", source="vqav2", vqav2=cfg)
-    with pytest.raises(DataError, match="val questions file not found"):
+    with pytest.raises(DataError, match="task.vqav2.val.questions=.* does not exist"):
         dm.prepare_data()
 
 
