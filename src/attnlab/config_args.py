@@ -5,7 +5,9 @@ Hydra's `+`, and `--help` and every run's `config.yaml` list them, each `_target
 `conf/trainer/`, `conf/callbacks/` and `conf/logger/` gets a config node `args/<ClassName>`
 (its `_target_` plus every argument with a default that YAML can hold), generated from the
 class's signature when the CLI starts (`register`). The group files pull them in under their
-node (`- /args/ModelCheckpoint@model_checkpoint`) and set only what differs.
+node (`- optional /args@model_checkpoint: ModelCheckpoint`) and set only what differs. `optional`:
+a config composed without `register` (Hydra's compose API in a test) still composes, with only
+the arguments the files list; call `register(conf_dir)` first to get them all.
 
 Generated rather than written out: the nodes follow the installed Lightning version, and a
 struct config still refuses a mistyped key (with a did-you-mean, see attnlab.errors).
