@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab.attention import AttentionSpec, attention_modules
+from attnlab.attention import AttentionSpec, hybrid_u_per_layer
 from attnlab.errors import ConfigError
 from attnlab.report import METRICS_FILE
 
@@ -91,11 +91,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 
 
 def hnas_u_per_layer(module: torch.nn.Module) -> dict[str, list[float]]:
-    return {
-        name: [round(float(x), 4) for x in m.hybrid_u]
-        for name, m in attention_modules(module)
-        if m.hybrid_u is not None
-    }
+    return {name: [round(float(x), 4) for x in u] for name, u in hybrid_u_per_layer(module).items()}
 
 
 def wandb_run_info(loggers) -> dict:

@@ -1,4 +1,4 @@
-"""Incremental decoding: one new token per step with cached keys/values (UNAS decoder only).
+"""Incremental decoding: one new token per step with cached keys/values.
 
 Re-running the decoder on the whole prefix at every step costs O(T^2) token passes, and, worse,
 recomputes the cross-attention keys/values of the whole article at every step and every layer.
@@ -9,13 +9,13 @@ recomputes the cross-attention keys/values of the whole article at every step an
 
 so a step costs one token per layer. The step uses the submodules of the library's
 `TransformerDecoderLayer` (same weights, same order of operations, eval mode: dropout off) and
-`attend(scheme="unas")`; `tests/test_headline_decoding.py` checks that it equals the full
-teacher-forced decoder at every position. Beam search reorders the cache with `select`.
+each attention's own scheme (`MultiHeadAttention.attend_heads`, any scheme that normalizes over
+keys); `tests/test_headline_decoding.py` checks that it equals the full teacher-forced decoder at
+every position. Beam search reorders the cache with `select`.
 
-Only plain UNAS decoder attention is cached. A decoder whose attention carries state between
-layers or positions (CODA / RealFormer cascade their logits through the stack) gets a
-`PrefixCache` instead, which keeps the prefix and re-runs the full decoder at every step (same
-interface, exact by construction).
+A decoder whose attention passes logits between layers (CODA / RealFormer cascade them through
+the stack, over the whole prefix) gets a `PrefixCache` instead, which keeps the prefix and
+re-runs the full decoder at every step (same interface, exact by construction).
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from attnlab.attention import MultiHeadAttention, TransformerDecoderLayer, attend
+from attnlab.attention import TransformerDecoderLayer
 
 
 def cacheable(layers: list[TransformerDecoderLayer]) -> bool:
-    """True when every decoder attention is the library's plain UNAS attention."""
+    """True when no decoder attention passes logits along its stack (no cascade transform)."""
     return all(
-        type(attn) is MultiHeadAttention and attn.scheme == "unas"
-        for layer in layers
-        for attn in (layer.self_attn, layer.cross_attn)
+        attn.transform is None for layer in layers for attn in (layer.self_attn, layer.cross_attn)
     )
 
 
@@ -98,21 +96,21 @@ def _self_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCac
         cache.self_keys.append(k)
         cache.self_values.append(v)
     # The newest position may see every cached one: causality holds without a mask.
-    return attn.out_proj(_merge(attend(q, k, v, scheme="unas")))
+    return attn.out_proj(_merge(attn.attend_heads(q, k, v)[0]))
 
 
 def _cross_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
     attn = layer.cross_attn
     q = _heads(attn.q_proj(x), attn.num_heads)
-    out = attend(q, cache.memory_keys[index], cache.memory_values[index], scheme="unas",
-                 key_padding_mask=cache.memory_padding_mask)
+    out, _ = attn.attend_heads(q, cache.memory_keys[index], cache.memory_values[index],
+                               key_padding_mask=cache.memory_padding_mask)
     return attn.out_proj(_merge(out))
 
 
 def layer_step(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
     """One decoder layer on the newest position only: x (B, 1, D) -> (B, 1, D)."""
-    if layer.self_attn.scheme != "unas" or layer.cross_attn.scheme != "unas":
-        raise ValueError("incremental decoding assumes UNAS decoder attention")
+    if not cacheable([layer]):
+        raise ValueError("incremental decoding needs decoder attention without a cascade")
     if layer.norm_first:
         x = x + _self_attention(layer, layer.norm1(x), cache, index)
         x = x + _cross_attention(layer, layer.norm2(x), cache, index)

@@ -186,11 +186,6 @@ class HeadlineModule(pl.LightningModule):
             for key in ROUGE_KEYS:
                 self.log(f"val/{key}", scores[key], prog_bar=key == "rougeL")
             self.val_rouge.reset()
-        # u of each HNAS encoder layer (mean over heads), to follow its drift during training.
-        for index, layer in enumerate(self.model.encoder_layers):
-            u = layer.self_attn.hybrid_u
-            if u is not None:
-                self.log(f"u/encoder_layer{index}", u.mean())
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         hp = self.hparams

@@ -1,13 +1,13 @@
 """Attention for unas / dnas / hnas composed from ATen's CPU flash-attention kernel: never
 materializes S_q x S_k (forward or backward).
 
-`unas_flash` is what `attend` always uses for UNAS. For DNAS / HNAS this module is the fallback
-where the fused kernel (`fused.py`) cannot be built; it is exact, but each of its passes
+`unas_flash` is UNAS's CPU fast path. For DNAS / HNAS this module is the fallback path where
+the fused kernel (`fused.py`) cannot be built; it is exact, but each of its passes
 recomputes the scores, so it is slower (measured in bench/attention.py: method *_composed).
 
 Everything runs on one CPU kernel, `aten._scaled_dot_product_flash_attention_for_cpu` (flash
 attention; it returns the output and the row log-sum-exp) and its backward. Facts used
-(/work/shared/notes/cpu-attention-facts.md): the kernel takes an additive float mask, broadcast
+(measured with torch 2.13; bench/attention.py): the kernel takes an additive float mask, broadcast
 over queries when it is a contiguous (B, H, 1, S_k) tensor; q, k, v must share one head size;
 its backward returns gradients of q, k, v only.
 

@@ -7,8 +7,9 @@ never holding more than a few (block x S_k) tiles per thread. See the C++ file f
 It is compiled on first use with the machine's C++ compiler (about 15 s; `make install` does it
 ahead of time) into a cache directory keyed by the source, the torch version and the CPU's
 instruction set, and loaded with `torch.ops.load_library`. Where it cannot be built (no
-compiler) `attend` warns once and falls back to the composed flash-kernel path in
-`efficient.py`, which is exact too but slower. `ATTNLAB_FUSED_KERNEL=0` turns the kernel off.
+compiler) it warns once, its fast path (attnlab.attention.paths) declines, and DNAS/HNAS run on
+the composed flash-kernel path in `composed.py`, which is exact too but slower.
+`ATTNLAB_FUSED_KERNEL=0` turns the kernel off.
 """
 
 from __future__ import annotations
