@@ -2,11 +2,12 @@
 
 import csv
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnlab.attention import MultiHeadAttention, hybrid_u_per_layer
+from attnlab.attention import MultiHeadAttention, hybrid_u_per_layer, names
 from attnlab.callbacks import ExplainedAway, HybridWeights
 
 
@@ -92,3 +93,74 @@ def test_hybrid_weights_ignores_models_without_hnas(tmp_path):
                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, tiny_loader())
     assert hybrid.steps == [] and not (tmp_path / "hnas_u.png").exists()
+
+
+class TinyClassifier(pl.LightningModule):
+    """Two encoder layers of any scheme, mean-pooled into 3 classes (calibration needs a classifier)."""
+
+    def __init__(self, scheme):
+        super().__init__()
+        from attnlab.attention import TransformerEncoderLayer
+
+        self.embed = torch.nn.Linear(4, 16)
+        self.layers = torch.nn.ModuleList(
+            TransformerEncoderLayer(16, 2, 32, 0.0, spec={"scheme": scheme, "hybrid_init": 0.3}, layer_index=i)
+            for i in range(2))
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, batch):
+        from attnlab.attention import run_stack
+
+        x, mask, _ = batch
+        h = run_stack(self.layers, self.embed(x), mask)
+        return self.head(h.masked_fill(mask[..., None], 0).sum(1) / (~mask).sum(1, keepdim=True))
+
+    def step(self, batch, stage):
+        loss = torch.nn.functional.cross_entropy(self(batch), batch[2])
+        self.log(f"{stage}/loss", loss)
+        return loss
+
+    def training_step(self, batch, _):
+        return self.step(batch, "train")
+
+    def validation_step(self, batch, _):
+        self.step(batch, "val")
+
+    def test_step(self, batch, _):
+        self.step(batch, "test")
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("scheme", names())
+def test_every_registered_scheme_with_every_analysis_callback(scheme, tmp_path):
+    from attnlab.attention import AttentionSpec
+    from attnlab.callbacks import Calibration, HeadDiversity, HeadImportance
+
+    pl.seed_everything(0)
+    g = torch.Generator().manual_seed(2)
+    x, mask = torch.randn(24, 7, 4, generator=g), random_masks(24, 7, 0.3, g)
+    data = DataLoader(TensorDataset(x, mask, torch.randint(0, 3, (24,), generator=g)), batch_size=8)
+    model = TinyClassifier(scheme)
+    importance = HeadImportance(max_batches=1)
+    trainer = pl.Trainer(max_steps=3, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, num_sanity_val_steps=0, enable_model_summary=False,
+                         callbacks=[HybridWeights(every_n_steps=1), ExplainedAway(max_batches=2),
+                                    HeadDiversity(max_batches=2), Calibration(n_bins=5), importance])
+    trainer.fit(model, data, data)
+    m = dict(trainer.callback_metrics)
+    trainer.test(model, data, verbose=False)
+    m.update(trainer.callback_metrics)
+    summary = importance.after_test(trainer, model, pl.LightningDataModule.from_datasets(
+        val_dataset=data.dataset, batch_size=8), "val/loss", "min")
+    for l in range(2):
+        assert torch.isfinite(m[f"explained_away/layer{l}/min_col_sum_times_S"])
+    if AttentionSpec.from_config(scheme).normalization in ("dnas", "sinkhorn"):  # the DNAS lemma
+        assert all(m[f"explained_away/layer{l}/min_col_sum_times_S"] >= 1 - 1e-4 for l in range(2))
+    for key in ("val/avg_jsd", "val/head_distance", "test/avg_jsd", "val/ece", "test/oe"):
+        assert torch.isfinite(m[key]), key
+    assert len(summary) == 3 and (tmp_path / "head_importance.csv").is_file()
+    assert (tmp_path / "head_jsd.png").is_file() and (tmp_path / "explained_away.png").is_file()
+    has_u = bool(hybrid_u_per_layer(model))
+    assert (tmp_path / "hnas_u.png").is_file() == has_u == (scheme == "hnas")

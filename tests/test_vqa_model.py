@@ -186,3 +186,34 @@ def test_similarity_init_starts_as_dot_product_attention():
     assert not torch.equal(random.attention[0].q_proj.weight, torch.eye(12))
     with pytest.raises(ConfigError, match="fusion_init"):
         MultiViewFusion(12, 3, AttentionSpec("unas"), init="orthogonal")
+
+
+def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data):
+    """HeadDiversity records only its first batch; the task's own recorder still sees all of them,
+    so test/explained_away_* equal a plain loop over every test batch."""
+    from attnlab.callbacks import HeadDiversity
+    from tasks.vqa.synthetic import BOX_KINDS
+
+    pl.seed_everything(0)
+    tiny_data.eval_batch_size = 5  # 16 test questions: 4 batches
+    module = VQAModule("dnas", fusion_heads=4, embed_dim=16, hidden_dim=32, attention_dim=16,
+                       **tiny_data.model_kwargs()).eval()
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[HeadDiversity(max_batches=1)])
+    result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
+    assert "test/avg_jsd" in result
+    expected = [ColumnStats(BOX_KINDS) for _ in module.model.fusion.attention]
+    batches = list(tiny_data.test_dataloader())
+    assert len(batches) >= 2  # more batches than the callback records
+    with torch.no_grad():
+        for batch in batches:
+            with record_attention(module.model.fusion.attention) as rec:
+                module(batch)
+            for l, (stats, view) in enumerate(zip(expected, module.model.fusion.secondary_views)):
+                r = rec.records[str(l)]
+                stats.update(r.column_sums, r.key_padding_mask, r.query_padding_mask, batch["box_kind"][:, view])
+    tiny_data.eval_batch_size = tiny_data.batch_size
+    for l, stats in enumerate(expected):
+        for name, value in stats.compute().items():
+            if not torch.isnan(value):
+                assert result[f"test/{name}_l{l}"] == pytest.approx(value.item(), rel=1e-5, abs=1e-9), name

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab.attention import AttentionSpec, hybrid_u_per_layer
+from attnlab.attention import AttentionSpec, hybrid_u_per_layer, names
 from attnlab.errors import ConfigError
 from attnlab.report import METRICS_FILE
 
@@ -66,6 +66,21 @@ def build_loggers(cfg: DictConfig) -> list:
             os.environ.setdefault("WANDB_SILENT", "true")
         loggers.append(hydra.utils.instantiate(conf, **kwargs))
     return loggers
+
+
+def check_scheme_fits_task(cfg: DictConfig) -> AttentionSpec:
+    """The model's options are valid, and a task whose scheme runs in causal attention
+    (`task.causal: true`, e.g. a language model) is not given a query-normalized scheme."""
+    spec = AttentionSpec.from_config(cfg.model)
+    if cfg.task.get("causal", False) and spec.normalizes_over_queries:
+        fitting = [n for n in names() if not AttentionSpec.from_config(n).normalizes_over_queries]
+        raise ConfigError(
+            f"task={cfg.task.name} applies the scheme to causal attention, but model={cfg.model.name} "
+            f"normalizes over queries ({spec.normalization}): every position's weights would depend on "
+            f"future positions. Use a scheme that normalizes over keys: "
+            f"{', '.join(f'model={n}' for n in fitting)}"
+        )
+    return spec
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
@@ -167,7 +182,7 @@ def train(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-    AttentionSpec.from_config(cfg.model)  # fail early, with a clear message, on bad model options
+    check_scheme_fits_task(cfg)  # fail early, with a clear message, on bad model options
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     datamodule = hydra.utils.instantiate(cfg.task.datamodule)

@@ -42,9 +42,11 @@ def _flags() -> list[str]:
 
 
 def build_dir() -> Path:
-    """Where the compiled kernel lives: one folder per source, torch version and CPU ISA."""
+    """Where the compiled kernel lives: one folder per source (text and path), torch version and CPU ISA."""
     flags = _flags()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    # the source's path too: ninja rebuilds when the same build dir is asked for from another
+    # checkout (its build.ninja names the source by path), so each checkout keeps its own
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + str(SOURCE).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__.split('+')[0]}-{torch.backends.cpu.get_cpu_capability()}-{key}"
     root = os.environ.get("ATTNLAB_KERNEL_CACHE") or Path.home() / ".cache" / "attnlab" / "kernels"
     return Path(root) / tag
