@@ -183,6 +183,9 @@ def train(cfg: DictConfig) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
     check_scheme_fits_task(cfg)  # fail early, with a clear message, on bad model options
+    if "module" not in cfg.task:  # a task whose data side exists before its model (task=lm today)
+        raise ConfigError(f"task={cfg.task.name} has data but no model yet (conf/task/{cfg.task.name}.yaml "
+                          f"lacks task.module); use another task=")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     datamodule = hydra.utils.instantiate(cfg.task.datamodule)

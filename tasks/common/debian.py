@@ -202,21 +202,26 @@ def split_of(family: str, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> str
     return SPLITS[-1]
 
 
-def unique_paragraphs(rows: Iterable[dict]) -> dict[str, list[str]]:
-    """Distinct paragraphs per split, each paragraph in exactly one split.
+def paragraph_owners(rows: Iterable[dict]) -> dict[str, tuple[str, str]]:
+    """paragraph -> (family, split) of the one family that owns it.
 
-    Related packages often repeat a paragraph; a paragraph shared by families of different
-    splits goes to the split of the smallest family key that has it, so no text appears in two
-    splits. `rows` are prepared records (dicts with "family", "split", "paragraphs").
+    Related packages often repeat a paragraph; a paragraph shared by several families goes to the
+    smallest family key that has it, so no text appears in two splits. `rows` are prepared
+    records (dicts with "family", "split", "paragraphs"); the dict keeps first-seen order.
     """
-    owner: dict[str, tuple[str, str]] = {}  # paragraph -> (family, split)
+    owner: dict[str, tuple[str, str]] = {}
     for row in rows:
         for paragraph in row["paragraphs"]:
             seen = owner.get(paragraph)
             if seen is None or row["family"] < seen[0]:
                 owner[paragraph] = (row["family"], row["split"])
+    return owner
+
+
+def unique_paragraphs(rows: Iterable[dict]) -> dict[str, list[str]]:
+    """Distinct paragraphs per split, each paragraph in exactly one split (see paragraph_owners)."""
     result: dict[str, list[str]] = {name: [] for name in SPLITS}
-    for paragraph, (_, split) in owner.items():  # dicts keep first-seen order: deterministic
+    for paragraph, (_, split) in paragraph_owners(rows).items():  # first-seen order: deterministic
         result[split].append(paragraph)
     return result
 
