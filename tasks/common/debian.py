@@ -8,6 +8,9 @@ source file:
     <data_dir>/records.jsonl     {"package", "family", "split", "synopsis", "paragraphs"}
     <data_dir>/manifest.json     source files (name, bytes, sha256), counts, split fractions
 
+`fetch(data_dir, language)` fetches the descriptions of another language the same way
+(Translation-de for the mt task, into its own data dir).
+
 Records are split train/val/test by a stable hash of the package *family* (libfoo1, libfoo-dev,
 foo-doc and python3-foo share one), so near-identical descriptions of related packages do not leak
 across splits.
@@ -237,8 +240,12 @@ _OFFLINE_HELP = (
 )
 
 
-def apt_command(data_dir: Path) -> list[str]:
-    """`apt-get update` that writes only under data_dir and fetches only English descriptions."""
+def apt_command(data_dir: Path, language: str = "en") -> list[str]:
+    """`apt-get update` that writes only under data_dir and fetches only the descriptions in
+    `language` (Translation-<language>; the German ones for the mt task are `de`).
+
+    One language per data_dir: `apt-get update` deletes the index files it was not asked for.
+    """
     data_dir = data_dir.resolve()
     return [
         "apt-get",
@@ -249,8 +256,8 @@ def apt_command(data_dir: Path) -> list[str]:
         "-o", f"Dir::Cache={data_dir / 'apt-cache'}",
         "-o", "Dir::Cache::pkgcache=",  # no binary package caches
         "-o", "Dir::Cache::srcpkgcache=",
-        "-o", "Acquire::Languages=en",
-        # Only Translation-en: the Packages indexes are not needed for descriptions.
+        "-o", f"Acquire::Languages={language}",
+        # Only Translation-<language>: the Packages indexes are not needed for descriptions.
         "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false",
         "-o", "Acquire::IndexTargets::deb-src::Sources::DefaultEnabled=false",
         "-o", "Acquire::http::Timeout=30",
@@ -270,19 +277,19 @@ def _write_private_conf(data_dir: Path) -> None:
     )
 
 
-def translation_files(data_dir: Path) -> list[Path]:
-    return sorted((Path(data_dir) / "apt-lists").glob("*Translation-en*"))
+def translation_files(data_dir: Path, language: str = "en") -> list[Path]:
+    return sorted((Path(data_dir) / "apt-lists").glob(f"*Translation-{language}*"))
 
 
-def fetch(data_dir: str | Path) -> list[Path]:
-    """Run `apt-get update` into data_dir/apt-lists; return the Translation-en files."""
+def fetch(data_dir: str | Path, language: str = "en") -> list[Path]:
+    """Run `apt-get update` into data_dir/apt-lists; return the Translation-<language> files."""
     data_dir = Path(data_dir)
     if shutil.which("apt-get") is None or not Path(APT_HELPER).exists():
         raise DataError(f"the Debian corpus needs Debian's apt-get, which this machine lacks. {_OFFLINE_HELP}")
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private_conf(data_dir)
-    cmd = apt_command(data_dir)
-    print(f"[debian] fetching English package descriptions (~7 MB) into {data_dir / 'apt-lists'}:")
+    cmd = apt_command(data_dir, language)
+    print(f"[debian] fetching Translation-{language} package descriptions into {data_dir / 'apt-lists'}:")
     print("[debian]   " + " ".join(cmd), flush=True)
     start = time.time()
     try:
@@ -292,14 +299,14 @@ def fetch(data_dir: str | Path) -> list[Path]:
     for line in proc.stdout.splitlines():
         if line.startswith(("Get:", "Hit:", "Fetched", "Ign:", "Err:")):
             print(f"[debian]   {line}")
-    files = translation_files(data_dir)
+    files = translation_files(data_dir, language)
     if proc.returncode != 0 or not files:
         detail = (proc.stderr.strip() or proc.stdout.strip())[-800:]
         raise DataError(
-            f"`apt-get update` could not fetch the Translation-en files (exit {proc.returncode}):\n"
+            f"`apt-get update` could not fetch the Translation-{language} files (exit {proc.returncode}):\n"
             f"{detail}\n{_OFFLINE_HELP}"
         )
-    print(f"[debian] fetched {len(files)} Translation-en files in {time.time() - start:.1f} s", flush=True)
+    print(f"[debian] fetched {len(files)} Translation-{language} files in {time.time() - start:.1f} s", flush=True)
     return files
 
 
@@ -316,7 +323,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -400,7 +407,7 @@ def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[
             f"no package descriptions found in {[str(f) for f in source_files]}; the files are "
             f"empty or not in the Translation-en format. Delete {data_dir} and run `make data` again"
         )
-    _atomic_write_text(records_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(records_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     per_split = {name: sum(r["split"] == name for r in rows) for name in SPLITS}
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -412,7 +419,7 @@ def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[
         "split_rule": "sha256(family_of(package)) -> fractions (train, val, test)",
     }
     # The manifest is written last: its presence marks the data as complete.
-    _atomic_write_text(data_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(data_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     print(f"[debian] wrote {len(rows)} records {per_split} and {data_dir / MANIFEST_FILE}", flush=True)
     return records_path
 

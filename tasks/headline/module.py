@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import Tensor
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
 from tasks.common.optim import parameter_groups, warmup_linear_decay
+from tasks.common.predictions import write_predictions
 from tasks.headline.baseline import lead
 from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
 from tasks.headline.model import HeadlineTransformer
@@ -227,14 +227,7 @@ class HeadlineModule(pl.LightningModule):
         return Path(self.trainer.default_root_dir) / name
 
     def write_predictions(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8", newline="") as out:
-            writer = csv.writer(out, delimiter="\t", quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
-            writer.writerow(["source", "reference", "prediction"])
-            for row in self._predictions:
-                writer.writerow(
-                    [" ".join(text.split()) for text in row]
-                )  # no tabs or newlines inside
+        write_predictions(path, self._predictions, header=("source", "reference", "prediction"))
         print(f"[headline] wrote {len(self._predictions)} test predictions to {path}", flush=True)
 
     # -- optimization ------------------------------------------------------------------------
