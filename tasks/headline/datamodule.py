@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.sampling import EpochSeededSampler
+from attnlab.sampling import LengthGroupedSampler
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID, load_tokenizer
 from tasks.headline import gigaword, pairs
 from tasks.headline.example import HeadlinePair
@@ -25,34 +25,6 @@ from tasks.headline.example import HeadlinePair
 SOURCES = ("debian", "gigaword")
 # Our split names -> the Gigaword file prefixes.
 _GIGAWORD_SPLIT = {"train": "train", "val": "valid", "test": "test"}
-
-
-class LengthGroupedSampler(EpochSeededSampler):
-    """A random order in which neighbours have similar article lengths (less padding).
-
-    As HF's LengthGroupedSampler: shuffle, cut into pools of `pool` batches, sort each pool by
-    length (longest first), and shuffle the batches of the pool. A DataLoader taking
-    `batch_size` indices at a time then pads each batch to a similar length; the order depends
-    only on (seed, epoch), like `EpochSeededSampler`, so resumed runs see the same batches.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int | None = None,
-                 pool: int = 50) -> None:
-        super().__init__(len(lengths), seed)
-        self.lengths = torch.as_tensor(list(lengths))
-        self.batch_size, self.pool = int(batch_size), int(pool)
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.n, generator=g)
-        result = []
-        for start in range(0, self.n, self.batch_size * self.pool):
-            chunk = order[start : start + self.batch_size * self.pool]
-            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
-            batches = list(chunk.split(self.batch_size))
-            for i in torch.randperm(len(batches), generator=g).tolist():
-                result.extend(batches[i].tolist())
-        return iter(result)
 
 
 class HeadlineDataModule(pl.LightningDataModule):
