@@ -11,39 +11,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from attnlab.sampling import EpochSeededSampler
+from attnlab.sampling import LengthGroupedSampler
 
 SPLITS = ("train", "val", "test")
 # the splits each Lightning stage needs
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}
-
-
-class LengthGroupedSampler(EpochSeededSampler):
-    """A random order in which neighbours have similar lengths (less padding).
-
-    As HF's LengthGroupedSampler: shuffle, cut into pools of `pool` batches, sort each pool by
-    length (longest first), and shuffle the batches of the pool. A DataLoader taking
-    `batch_size` indices at a time then pads each batch to a similar length; the order depends
-    only on (seed, epoch), like `EpochSeededSampler`, so resumed runs see the same batches.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int | None = None,
-                 pool: int = 50) -> None:
-        super().__init__(len(lengths), seed)
-        self.lengths = torch.as_tensor(list(lengths))
-        self.batch_size, self.pool = int(batch_size), int(pool)
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.n, generator=g)
-        result = []
-        for start in range(0, self.n, self.batch_size * self.pool):
-            chunk = order[start : start + self.batch_size * self.pool]
-            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
-            batches = list(chunk.split(self.batch_size))
-            for i in torch.randperm(len(batches), generator=g).tolist():
-                result.extend(batches[i].tolist())
-        return iter(result)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:

@@ -116,9 +116,14 @@ def parse_translation(lines: Iterable[str]) -> Iterator[DescriptionRecord]:
 
 def read_translation_file(path: str | Path) -> list[DescriptionRecord]:
     """Read one Translation-en file, compressed (.lz4/.gz/.xz, as apt stores it) or plain."""
+    return list(parse_translation(read_index_text(path).splitlines()))
+
+
+def read_index_text(path: str | Path) -> str:
+    """The text of one apt index file (Translation-en, Packages), compressed as apt stores it or plain."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"Debian description file {path} does not exist; run `make data`")
+        raise DataError(f"Debian index file {path} does not exist; run `make data`")
     if path.suffix in (".lz4", ".gz", ".xz", ".bz2", ".zst", ".lzma"):
         if not Path(APT_HELPER).exists():
             raise DataError(
@@ -134,10 +139,8 @@ def read_translation_file(path: str | Path) -> list[DescriptionRecord]:
                 f"`apt-helper cat-file {path}` failed ({proc.stderr.strip()}); the file looks "
                 f"corrupt: delete it and run `make data` again"
             )
-        text = proc.stdout
-    else:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    return list(parse_translation(text.splitlines()))
+        return proc.stdout
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,11 +243,13 @@ _OFFLINE_HELP = (
 )
 
 
-def apt_command(data_dir: Path, language: str = "en") -> list[str]:
+def apt_command(data_dir: Path, language: str = "en", packages: bool = False) -> list[str]:
     """`apt-get update` that writes only under data_dir and fetches only the descriptions in
     `language` (Translation-<language>; the German ones for the mt task are `de`).
 
     One language per data_dir: `apt-get update` deletes the index files it was not asked for.
+    `packages=True` also fetches the Packages indexes (section, source, Description-md5 of every
+    binary package of the machine's architecture), which the `classify` task labels with.
     """
     data_dir = data_dir.resolve()
     return [
@@ -257,8 +262,8 @@ def apt_command(data_dir: Path, language: str = "en") -> list[str]:
         "-o", "Dir::Cache::pkgcache=",  # no binary package caches
         "-o", "Dir::Cache::srcpkgcache=",
         "-o", f"Acquire::Languages={language}",
-        # Only Translation-<language>: the Packages indexes are not needed for descriptions.
-        "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false",
+        # Only Translation-<language> (and Packages if asked): no other index is needed.
+        "-o", f"Acquire::IndexTargets::deb::Packages::DefaultEnabled={str(packages).lower()}",
         "-o", "Acquire::IndexTargets::deb-src::Sources::DefaultEnabled=false",
         "-o", "Acquire::http::Timeout=30",
         "-o", "Acquire::Retries=2",
@@ -281,15 +286,23 @@ def translation_files(data_dir: Path, language: str = "en") -> list[Path]:
     return sorted((Path(data_dir) / "apt-lists").glob(f"*Translation-{language}*"))
 
 
-def fetch(data_dir: str | Path, language: str = "en") -> list[Path]:
-    """Run `apt-get update` into data_dir/apt-lists; return the Translation-<language> files."""
+def packages_files(data_dir: Path) -> list[Path]:
+    return sorted((Path(data_dir) / "apt-lists").glob("*_Packages*"))
+
+
+def fetch(data_dir: str | Path, language: str = "en", packages: bool = False) -> list[Path]:
+    """Run `apt-get update` into data_dir/apt-lists; return the Translation-<language> files.
+
+    `packages=True`: fetch the Packages indexes too (see `apt_command`; `packages_files` lists them).
+    """
     data_dir = Path(data_dir)
     if shutil.which("apt-get") is None or not Path(APT_HELPER).exists():
         raise DataError(f"the Debian corpus needs Debian's apt-get, which this machine lacks. {_OFFLINE_HELP}")
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private_conf(data_dir)
-    cmd = apt_command(data_dir, language)
-    print(f"[debian] fetching Translation-{language} package descriptions into {data_dir / 'apt-lists'}:")
+    cmd = apt_command(data_dir, language, packages)
+    what = f"Translation-{language} package descriptions" + (" and the Packages indexes (~9 MB)" if packages else "")
+    print(f"[debian] fetching {what} into {data_dir / 'apt-lists'}:")
     print("[debian]   " + " ".join(cmd), flush=True)
     start = time.time()
     try:
@@ -300,10 +313,11 @@ def fetch(data_dir: str | Path, language: str = "en") -> list[Path]:
         if line.startswith(("Get:", "Hit:", "Fetched", "Ign:", "Err:")):
             print(f"[debian]   {line}")
     files = translation_files(data_dir, language)
-    if proc.returncode != 0 or not files:
+    if proc.returncode != 0 or not files or (packages and not packages_files(data_dir)):
         detail = (proc.stderr.strip() or proc.stdout.strip())[-800:]
         raise DataError(
-            f"`apt-get update` could not fetch the Translation-{language} files (exit {proc.returncode}):\n"
+            f"`apt-get update` could not fetch the Translation-{language}{' and Packages' if packages else ''} "
+            f"files (exit {proc.returncode}):\n"
             f"{detail}\n{_OFFLINE_HELP}"
         )
     print(f"[debian] fetched {len(files)} Translation-{language} files in {time.time() - start:.1f} s", flush=True)
