@@ -21,7 +21,13 @@ from torch import Tensor, nn
 from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer, run_stack
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
-from tasks.headline.incremental import DecoderCache, PrefixCache, cacheable, layer_step, start_cache
+from tasks.common.incremental import (
+    DecoderCache,
+    PrefixCache,
+    cacheable,
+    decoder_layer_step,
+    start_cache,
+)
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -238,7 +244,7 @@ class HeadlineTransformer(nn.Module):
         y = emb.word(token_ids) + emb.position.weight[position]
         y = emb.dropout(emb.norm(y))[:, None]
         for index, layer in enumerate(self.decoder_layers):
-            y = layer_step(layer, y, cache, index)
+            y = decoder_layer_step(layer, y, cache, index)
         cache.length += 1
         return self.decoder_norm(y[:, 0])
 

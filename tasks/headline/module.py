@@ -21,10 +21,10 @@ from torch import Tensor
 
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
+from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 from tasks.common.optim import parameter_groups, warmup_linear_decay
 from tasks.common.predictions import write_predictions
 from tasks.headline.baseline import lead
-from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
 from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
 
