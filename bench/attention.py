@@ -53,8 +53,7 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from attnlab.attention import attend, fused
-    from attnlab.attention.reference import reference_attend
+    from attnlab.attention import attend, fused, reference_attend
 
     if method.endswith("_efficient") and not fused.load():
         raise SystemExit("the fused kernel did not build (see the warning above)")
