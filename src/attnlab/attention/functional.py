@@ -1,12 +1,10 @@
 """The public functional API: `attend` (fused, never S x S for unas/dnas/hnas) and
 `attention_weights` (materialized, for analysis and tests).
 
-Which implementation `attend` runs:
-- unas: ATen's CPU flash kernel (`composed.unas_flash`);
-- dnas / hnas (and sinkhorn with n_iter=1): the fused CPU kernel (`fused.py`), or where it cannot
-  be built, the composed flash path (`composed.py`);
-- sinkhorn with n_iter > 1, attention dropout in training, and non-CPU devices: the exact
-  materialized reference (`reference.py`).
+Which implementation `attend` runs is decided in `kernels/__init__.py` (`kernels.route`): per
+scheme, device, dtype and options, a fast path (ATen / SDPA flash for unas, the fused C++ kernel
+on the CPU and the Triton kernels on CUDA for dnas / hnas, attention dropout included), or the
+exact materialized reference (`reference.py`) where none serves (sinkhorn with n_iter > 1, ...).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.attention import composed, fused, reference
+from attnlab.attention import kernels, reference
 from attnlab.attention.spec import QUERY_NORMALIZED, SCHEMES
 from attnlab.errors import ConfigError
 
@@ -103,33 +101,16 @@ def attend(
 ) -> Tensor:
     """Attention output (B, H, S_q, d_v) for `scheme`; see docs/architecture.md.
 
-    unas/dnas/hnas (and sinkhorn with n_iter=1, which is dnas) never materialize S_q x S_k when
-    dropout_p == 0; Sinkhorn with n_iter > 1 uses the materialized reference. `dropout_p` drops
-    attention weights (training only; the caller passes 0 in eval).
+    unas/dnas/hnas (and sinkhorn with n_iter=1, which is dnas) never materialize S_q x S_k on
+    the CPU and CUDA, with or without dropout; Sinkhorn with n_iter > 1 uses the materialized
+    reference. `dropout_p` drops attention weights (training only; the caller passes 0 in eval).
     """
     validate(q, k, v, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal)
     if scheme == "sinkhorn" and int(n_iter) == 1:
         scheme = "dnas"
-    u = _as_u(u, q)
-    if scheme == "sinkhorn" or dropout_p > 0.0 or q.device.type != "cpu":
-        # no fused kernel does dropout or many Sinkhorn rounds: exact, O(S^2) memory
-        return reference.reference_attend(
-            q, k, v, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal, dropout_p
-        )
-    out_dtype = reference.output_dtype(v)
-    dtype = reference.compute_dtype(q)  # float32 (float64 stays) even under autocast
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = (x.to(dtype) for x in (q, k, v))
-        u = u.to(dtype) if scheme == "hnas" else None  # dnas / unas ignore a given u
-        if scheme == "unas":
-            out = composed.unas_flash(q, k, v, key_padding_mask, query_padding_mask, causal)
-        elif fused.load():
-            out = fused.query_normalized_attend(q, k, v, u, key_padding_mask, query_padding_mask)
-        elif scheme == "dnas":
-            out = composed.dnas_flash(q, k, v, key_padding_mask, query_padding_mask)
-        else:
-            out = composed.hnas_flash(q, k, v, u, key_padding_mask, query_padding_mask)
-    return out.to(out_dtype)
+    call = kernels.Call(q, k, v, scheme, key_padding_mask, query_padding_mask, _as_u(u, q),
+                        int(n_iter), causal, float(dropout_p))
+    return kernels.attend(call)
 
 
 def attention_weights(
