@@ -10,7 +10,7 @@ with the materialized reference; `attend` runs the first one that does not decli
 | sdpa      | kernels/sdpa.py                    | unas on CUDA (flash + mem-efficient; dropout), on the CPU without dropout (ATen's flash; declines scores > 1e6) |
 | fused_cpu | fused.py + csrc/                   | dnas / hnas on the CPU, with dropout; unas on the CPU with dropout, or scores flash declines |
 | triton    | kernels/triton_query_normalized.py | dnas / hnas on CUDA, with dropout                   |
-| composed  | composed.py                        | dnas / hnas on the CPU without dropout when the C++ kernel cannot be built |
+| composed  | composed.py                        | dnas / hnas on the CPU without dropout when the C++ kernel cannot be built (declines scores > 1e6) |
 | sdpa_math | kernels/sdpa.py                    | unas on the CPU with dropout when the C++ kernel cannot be built, causal unas with dropout |
 | reference | reference.py                       | everything else: sinkhorn n_iter > 1, float64 on CUDA, other devices |
 
@@ -20,8 +20,8 @@ fp32 as they come (the autocast dtype under autocast) and normalize in float32 i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -98,7 +98,9 @@ def _run_triton(c: Call) -> Tensor:
     )
 
 
-def _run_composed(c: Call) -> Tensor:
+def _run_composed(c: Call) -> Tensor | None:
+    if sdpa.scores_may_overflow(c.q, c.k):  # it runs on ATen's CPU flash kernel too
+        return None
     masks = (c.key_padding_mask, c.query_padding_mask)
     if c.scheme == "dnas":
         return composed.dnas_flash(c.q, c.k, c.v, *masks)

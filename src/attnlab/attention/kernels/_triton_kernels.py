@@ -285,8 +285,8 @@ def _backward_q(Q, K, V, G, C, DC, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DEL
         kept = valid
         if DROPOUT:
             kept = _keep(KEEP, bh, offs_m, offs_n, M, N, seed_lo, seed_hi, threshold, HAS_KEEP)
-        xi, w, dt, ds = _score_grads(q, k, g, v, c, lse_d, lse_u, delta_d, delta_u, u, valid,
-                                     kept, scale, inv_keep, HYBRID, DROPOUT, PRECISION)
+        xi, _, _, ds = _score_grads(q, k, g, v, c, lse_d, lse_u, delta_d, delta_u, u, valid,
+                                    kept, scale, inv_keep, HYBRID, DROPOUT, PRECISION)
         ds = ds + dc[None, :] * xi
         acc += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     dq_ptrs = DQ + rows.to(tl.int64)[:, None] * D + offs_d[None, :]

@@ -45,12 +45,18 @@ def _kernels():
     return _triton_kernels
 
 
+# Tile size under the interpreter, where each tile operation costs ~1 ms of Python whatever its
+# size: few, large tiles are fast (tests lower it to cover the loops over several blocks).
+INTERPRET_BLOCK = 64
+
+
 def _blocks(d: int, d_v: int) -> dict:
     """Tile sizes (untuned: chosen from the Triton tutorial's, not measured on a GPU here)."""
     block_d = max(16, 1 << (d - 1).bit_length())
     block_dv = max(16, 1 << (d_v - 1).bit_length())
-    if interpreting():  # numpy runs the programs one after another: few, small tiles
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": block_d, "BLOCK_DV": block_dv}
+    if interpreting():
+        return {"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK, "BLOCK_D": block_d,
+                "BLOCK_DV": block_dv}
     wide = max(block_d, block_dv) > 64
     return {"BLOCK_M": 64, "BLOCK_N": 32 if wide else 64, "BLOCK_D": block_d,
             "BLOCK_DV": block_dv, "num_warps": 4, "num_stages": 2}
@@ -81,6 +87,10 @@ def _dropout_args(dropout_p, seed, keep_mask, dummy):
     return keep, args, {"DROPOUT": dropout_p > 0.0, "HAS_KEEP": keep_mask is not None}
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -> Tensor:
     """c (B, H, S_k) float32: logsumexp over valid queries of the scores (0 without any)."""
     B, H, M, D = q.shape
@@ -89,16 +99,12 @@ def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -
     dummy = c
     _, qpm, flags = _masks(None, query_padding_mask, dummy)
     cfg = _blocks(D, D)
-    grid = (triton_cdiv(N, cfg["BLOCK_N"]), B * H)
+    grid = (_cdiv(N, cfg["BLOCK_N"]), B * H)
     _kernels()._column_lse[grid](
         q, k, qpm, c, *_strides(q, k), H, M, N, D, D**-0.5, HAS_QPM=flags["HAS_QPM"],
         **_flags(q), **cfg,
     )
     return c
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, seed, keep_mask):
@@ -116,7 +122,7 @@ def _forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, see
     kpm, qpm, mask_flags = _masks(key_padding_mask, query_padding_mask, c)
     keep, drop_args, drop_flags = _dropout_args(dropout_p, seed, keep_mask, c)
     cfg = _blocks(D, DV)
-    grid = (triton_cdiv(M, cfg["BLOCK_M"]), B * H)
+    grid = (_cdiv(M, cfg["BLOCK_M"]), B * H)
     _kernels()._forward[grid](
         q, k, v, c, c if u_bh is None else u_bh, kpm, qpm, keep, out, o_d, o_u, lse_d, lse_u,
         *_strides(q, k, v, out), H, M, N, D, DV, D**-0.5, **drop_args, HYBRID=hybrid,
@@ -143,12 +149,12 @@ def _backward(grad, q, k, v, u_bh, c, lse_d, delta_d, hybrid_state, key_padding_
     kern = _kernels()
     # keys: dK, dV and dc, each program owning its keys (no atomics)
     kv_cfg = {**cfg, "BLOCK_M": cfg["BLOCK_N"], "BLOCK_N": cfg["BLOCK_M"]}
-    kern._backward_kv[(triton_cdiv(N, kv_cfg["BLOCK_N"]), B * H)](
+    kern._backward_kv[(_cdiv(N, kv_cfg["BLOCK_N"]), B * H)](
         q, k, v, grad, c, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv, dc,
         *_strides(q, k, v, grad), **common, **kv_cfg,
     )
     # queries: dQ, which needs every dc_j
-    kern._backward_q[(triton_cdiv(M, cfg["BLOCK_M"]), B * H)](
+    kern._backward_q[(_cdiv(M, cfg["BLOCK_M"]), B * H)](
         q, k, v, grad, c, dc, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
         *_strides(q, k, v, grad), **common, **cfg,
     )
@@ -187,7 +193,7 @@ class _TritonQueryNormalized(torch.autograd.Function):
             delta_d = (g32 * branches[0].float()).sum(-1)
         else:
             lse_u, o_d, o_u = branches
-            delta_d, delta_u = (g32 * o_d).sum(-1), (g32 * o_u).sum(-1)
+            delta_d, delta_u = (g32 * o_d).sum(-1), (g32 * o_u).sum(-1).contiguous()
             hybrid_state = (lse_u, delta_u)
             if ctx.needs_input_grad[3]:  # d out / du = out_dnas - out_unas (both dropped)
                 grad_u = (delta_d - delta_u).sum(-1)[..., None, None].sum_to_size(u_shape)
