@@ -164,13 +164,9 @@ def main() -> None:
         f"| attn dropout | model | wall time | vs ours UNAS | vs HF | {extra} |\n"
         "|---|---|---|---|---|---|"
     )
-    table = header + "\n" + "\n".join(rows) + "\n"
-    print(table)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"train_step-{time.strftime('%Y%m%d-%H%M%S')}.md"
-    path.write_text(table)
-    print(f"written to {path}", file=sys.stderr)
+    from attention import write_table  # (bench/ is on the path: this script's folder)
+
+    write_table(header + "\n" + "\n".join(rows) + "\n", args, "train_step")
 
 
 if __name__ == "__main__":

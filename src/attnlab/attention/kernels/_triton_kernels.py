@@ -169,6 +169,21 @@ def _forward(Q, K, V, C, U, KPM, QPM, KEEP, O, OD, OU, LSE_D, LSE_U,
 
 
 @triton.jit
+def _row_stats(LSE_D, DELTA_D, LSE_U, DELTA_U, bh, offs_m, M, HYBRID: tl.constexpr):
+    """Row LSEs and D_i = sum_j P_ij dP~_ij of rows offs_m (DNAS: the U ones repeat the D ones);
+    rows outside get LSE +inf, hence weights 0."""
+    rows = bh * M + offs_m
+    lse_d = tl.load(LSE_D + rows, mask=offs_m < M, other=float("inf"))
+    delta_d = tl.load(DELTA_D + rows, mask=offs_m < M, other=0.0)
+    lse_u = lse_d
+    delta_u = delta_d
+    if HYBRID:
+        lse_u = tl.load(LSE_U + rows, mask=offs_m < M, other=float("inf"))
+        delta_u = tl.load(DELTA_U + rows, mask=offs_m < M, other=0.0)
+    return lse_d, delta_d, lse_u, delta_u
+
+
+@triton.jit
 def _score_grads(q, k, g, v, c, lse_d, lse_u, delta_d, delta_u, u, valid, kept, scale,
                  inv_keep, HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """For one (queries x keys) tile: xi, the dropped mixed weights W~, the u-weighted DNAS score
@@ -220,14 +235,8 @@ def _backward_kv(Q, K, V, G, C, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DELTA_
         offs_m = start + tl.arange(0, BLOCK_M)
         q = _tile(Q, b.to(tl.int64) * sqb + h * sqh, offs_m, offs_d, sqm, M, D, CAST)
         g = _tile(G, b.to(tl.int64) * sgb + h * sgh, offs_m, offs_dv, sgm, M, DV, CAST)
-        rows = bh * M + offs_m
-        lse_d = tl.load(LSE_D + rows, mask=offs_m < M, other=float("inf"))
-        delta_d = tl.load(DELTA_D + rows, mask=offs_m < M, other=0.0)
-        lse_u = lse_d
-        delta_u = delta_d
-        if HYBRID:
-            lse_u = tl.load(LSE_U + rows, mask=offs_m < M, other=float("inf"))
-            delta_u = tl.load(DELTA_U + rows, mask=offs_m < M, other=0.0)
+        lse_d, delta_d, lse_u, delta_u = _row_stats(LSE_D, DELTA_D, LSE_U, DELTA_U, bh, offs_m,
+                                                    M, HYBRID)
         valid = _valid(QPM, b, offs_m, M, HAS_QPM)[:, None] & valid_k[None, :]
         kept = valid
         if DROPOUT:
@@ -264,14 +273,8 @@ def _backward_q(Q, K, V, G, C, DC, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DEL
     offs_dv = tl.arange(0, BLOCK_DV)
     q = _tile(Q, b.to(tl.int64) * sqb + h * sqh, offs_m, offs_d, sqm, M, D, CAST)
     g = _tile(G, b.to(tl.int64) * sgb + h * sgh, offs_m, offs_dv, sgm, M, DV, CAST)
-    rows = bh * M + offs_m
-    lse_d = tl.load(LSE_D + rows, mask=offs_m < M, other=float("inf"))
-    delta_d = tl.load(DELTA_D + rows, mask=offs_m < M, other=0.0)
-    lse_u = lse_d
-    delta_u = delta_d
-    if HYBRID:
-        lse_u = tl.load(LSE_U + rows, mask=offs_m < M, other=float("inf"))
-        delta_u = tl.load(DELTA_U + rows, mask=offs_m < M, other=0.0)
+    lse_d, delta_d, lse_u, delta_u = _row_stats(LSE_D, DELTA_D, LSE_U, DELTA_U, bh, offs_m, M,
+                                                HYBRID)
     valid_q = _valid(QPM, b, offs_m, M, HAS_QPM)
     u = tl.load(U + bh) if HYBRID else 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -289,6 +292,6 @@ def _backward_q(Q, K, V, G, C, DC, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DEL
                                     kept, scale, inv_keep, HYBRID, DROPOUT, PRECISION)
         ds = ds + dc[None, :] * xi
         acc += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    dq_ptrs = DQ + rows.to(tl.int64)[:, None] * D + offs_d[None, :]
+    dq_ptrs = DQ + (bh.to(tl.int64) * M + offs_m)[:, None] * D + offs_d[None, :]
     tl.store(dq_ptrs, (scale * acc).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_d[None, :] < D))
