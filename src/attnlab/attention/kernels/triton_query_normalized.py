@@ -50,16 +50,20 @@ def _kernels():
 INTERPRET_BLOCK = 64
 
 
-def _blocks(d: int, d_v: int) -> dict:
-    """Tile sizes (untuned: chosen from the Triton tutorial's, not measured on a GPU here)."""
+def _blocks(d: int, d_v: int, kernel: str) -> dict:
+    """Tile sizes per kernel: BLOCK_M query rows, BLOCK_N key rows; the program owns the
+    first-named side of its kernel and loops over the other. On the GPU these are untuned
+    (the Triton tutorial's shapes; the backward loops over 32 rows at a time, its programs
+    holding three (64 x d) accumulators): not measured, no GPU was available."""
     block_d = max(16, 1 << (d - 1).bit_length())
     block_dv = max(16, 1 << (d_v - 1).bit_length())
+    dims = {"BLOCK_D": block_d, "BLOCK_DV": block_dv}
     if interpreting():
-        return {"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK, "BLOCK_D": block_d,
-                "BLOCK_DV": block_dv}
-    wide = max(block_d, block_dv) > 64
-    return {"BLOCK_M": 64, "BLOCK_N": 32 if wide else 64, "BLOCK_D": block_d,
-            "BLOCK_DV": block_dv, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK, **dims}
+    inner = 32 if kernel != "forward" or max(block_d, block_dv) > 64 else 64
+    tiles = {"column": (64, 64), "forward": (64, inner), "backward_kv": (inner, 64),
+             "backward_q": (64, inner)}[kernel]
+    return {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1], **dims, "num_warps": 4, "num_stages": 2}
 
 
 def _flags(q: Tensor) -> dict:
@@ -98,7 +102,7 @@ def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -
     c = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
     dummy = c
     _, qpm, flags = _masks(None, query_padding_mask, dummy)
-    cfg = _blocks(D, D)
+    cfg = _blocks(D, D, "column")
     grid = (_cdiv(N, cfg["BLOCK_N"]), B * H)
     _kernels()._column_lse[grid](
         q, k, qpm, c, *_strides(q, k), H, M, N, D, D**-0.5, HAS_QPM=flags["HAS_QPM"],
@@ -121,7 +125,7 @@ def _forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, see
     o_u = torch.empty(B, H, M, DV, **f32) if hybrid else lse_d
     kpm, qpm, mask_flags = _masks(key_padding_mask, query_padding_mask, c)
     keep, drop_args, drop_flags = _dropout_args(dropout_p, seed, keep_mask, c)
-    cfg = _blocks(D, DV)
+    cfg = _blocks(D, DV, "forward")
     grid = (_cdiv(M, cfg["BLOCK_M"]), B * H)
     _kernels()._forward[grid](
         q, k, v, c, c if u_bh is None else u_bh, kpm, qpm, keep, out, o_d, o_u, lse_d, lse_u,
@@ -145,15 +149,15 @@ def _backward(grad, q, k, v, u_bh, c, lse_d, delta_d, hybrid_state, key_padding_
     common = dict(H=H, M=M, N=N, D=D, DV=DV, scale=D**-0.5, **drop_args,
                   HYBRID=hybrid_state is not None, **mask_flags, **drop_flags, **_flags(q))
     u = c if u_bh is None else u_bh
-    cfg = _blocks(D, DV)
     kern = _kernels()
     # keys: dK, dV and dc, each program owning its keys (no atomics)
-    kv_cfg = {**cfg, "BLOCK_M": cfg["BLOCK_N"], "BLOCK_N": cfg["BLOCK_M"]}
+    kv_cfg = _blocks(D, DV, "backward_kv")
     kern._backward_kv[(_cdiv(N, kv_cfg["BLOCK_N"]), B * H)](
         q, k, v, grad, c, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv, dc,
         *_strides(q, k, v, grad), **common, **kv_cfg,
     )
     # queries: dQ, which needs every dc_j
+    cfg = _blocks(D, DV, "backward_q")
     kern._backward_q[(_cdiv(M, cfg["BLOCK_M"]), B * H)](
         q, k, v, grad, c, dc, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
         *_strides(q, k, v, grad), **common, **cfg,
