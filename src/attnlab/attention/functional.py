@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from attnlab.attention.schemes import Normalizer, build_options, known_keys, normalizer_class
@@ -68,6 +69,14 @@ def reference_attend(
     norm, inputs = normalizer(scheme, **scheme_args)
     call = norm.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p, **inputs)
     return norm.reference(call)
+
+
+def route(scheme: str, device: str, dtype: torch.dtype, dropout_p: float = 0.0, causal: bool = False,
+          **scheme_args: Any) -> list[str]:
+    """The paths that would serve `scheme` on `device` in `dtype` with these options, best first,
+    ending with "reference" (e.g. route("hnas", "cuda", torch.bfloat16, 0.1) -> ["triton", ...])."""
+    norm, _ = normalizer(scheme, **scheme_args)
+    return norm.route(device, dtype, dropout_p, causal)
 
 
 def attention_weights(

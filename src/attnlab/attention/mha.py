@@ -30,8 +30,8 @@ class MultiHeadAttention(nn.Module):
     stack: from 1 on it must be given the previous layer's logits (`prev_logits`), which
     `forward(..., return_logits=True)` returns; `attnlab.attention.run_stack` threads them.
 
-    Attention dropout (training only) drops the attention weights; schemes whose fast paths do
-    not implement it run on their exact materialized reference.
+    Attention dropout (training only) drops the attention weights: inside the fused kernels for
+    unas/dnas/hnas (CPU C++, CUDA Triton/SDPA), on the materialized reference for the others.
     """
 
     def __init__(

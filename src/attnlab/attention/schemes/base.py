@@ -9,9 +9,9 @@ A normalizer owns, in one class:
   the computation by `state_inputs()`; optimizers and weight loaders find them by type
   (`scheme_parameters`), never by name;
 - `weights(logits, **inputs)`: the materialized reference, ground truth for tests and analyses;
-- `fast_paths`: functions `path(normalizer, call) -> Tensor | None`, tried in order; each returns
-  None for inputs it does not serve (device, dropout, causal, kernel unavailable), and then the
-  reference runs. A subclass that redefines `weights` without listing its own fast paths gets
+- `fast_paths`: callables `path(normalizer, call) -> Tensor | None` (attnlab.attention.paths), tried
+  in order; each returns None for inputs it does not serve (device, dtype, dropout, causal, kernel
+  unavailable), and then the reference runs. A subclass that redefines `weights` without listing its own fast paths gets
   none, so no scheme can fall through to another scheme's kernel.
 """
 
@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.kernels import dropout
 from attnlab.attention.reference import compute_dtype, masked_logits, output_dtype
 from attnlab.errors import ConfigError
 
@@ -160,6 +161,12 @@ class Normalizer(nn.Module):
 
     forward = attend
 
+    def route(self, device: str, dtype: torch.dtype, dropout_p: float = 0.0, causal: bool = False) -> list[str]:
+        """Names of the fast paths that would serve such a call, best first, then "reference"."""
+        names = [getattr(p, "name", getattr(p, "__name__", "?")) for p in self.fast_paths
+                 if not hasattr(p, "supports") or p.supports(self, device, dtype, dropout_p, causal)]
+        return [*names, "reference"]
+
     def reference(self, call: AttentionCall) -> Tensor:
         """The exact materialized computation: weights(masked logits) @ v (O(S^2) memory)."""
         logits = masked_logits(call.q, call.k, call.key_padding_mask, call.query_padding_mask,
@@ -176,9 +183,12 @@ class Normalizer(nn.Module):
 
 def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
     """Dropout on the weights (training), then weights @ v in the weights' precision; output in
-    v's dtype (or the autocast dtype), as a fused kernel would give it."""
+    v's dtype (or the autocast dtype), as a fused kernel would give it. The dropout mask is the
+    kernels' counter-based one (kernels/dropout.py): the same torch seed drops the same weights
+    on every path."""
     if dropout_p > 0.0:
-        weights = torch.nn.functional.dropout(weights, p=dropout_p)
+        keep = dropout.keep_mask(dropout.draw_seed(), tuple(weights.shape), dropout_p, weights.device)
+        weights = weights * keep / (1.0 - dropout_p)
     with torch.autocast(device_type=v.device.type, enabled=False):
         out = torch.matmul(weights, v.to(weights.dtype))
     return out.to(output_dtype(v))

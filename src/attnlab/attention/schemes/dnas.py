@@ -17,7 +17,7 @@ from attnlab.attention.schemes.registry import register
 class DNAS(Normalizer):
     name = "dnas"
     over_queries = True
-    fast_paths = (paths.query_normalized_cpu_fused, paths.query_normalized_cpu_composed)
+    fast_paths = paths.QUERY_NORMALIZED_PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
         return sinkhorn_log_weights(logits, 1).exp()

@@ -45,7 +45,7 @@ class HNAS(Normalizer):
     over_queries = True
     Options = HybridOptions
     input_names = ("u",)
-    fast_paths = (paths.query_normalized_cpu_fused, paths.query_normalized_cpu_composed)
+    fast_paths = paths.QUERY_NORMALIZED_PATHS
 
     def __init__(self, options: HybridOptions | None = None, num_heads: int | None = None) -> None:
         super().__init__(options, num_heads)

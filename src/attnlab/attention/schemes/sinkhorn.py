@@ -24,23 +24,13 @@ class SinkhornOptions:
             raise ConfigError(f"model.n_iter={self.n_iter} must be >= 1 (1 equals dnas)")
 
 
-def _one_iteration_only(path):
-    """DNAS's kernel serves Sinkhorn when it is one iteration, i.e. DNAS."""
-
-    def run(normalizer, call):
-        return path(normalizer, call) if normalizer.options.n_iter == 1 else None
-
-    run.__name__ = f"{path.__name__}_when_n_iter_is_1"
-    return run
-
-
 @register
 class Sinkhorn(Normalizer):
     name = "sinkhorn"
     over_queries = True
     Options = SinkhornOptions
-    fast_paths = (_one_iteration_only(paths.query_normalized_cpu_fused),
-                  _one_iteration_only(paths.query_normalized_cpu_composed))
+    # one iteration is DNAS: DNAS's kernels serve it
+    fast_paths = tuple(p.when(lambda n: n.options.n_iter == 1) for p in paths.QUERY_NORMALIZED_PATHS)
 
     def weights(self, logits: Tensor) -> Tensor:
         return sinkhorn_log_weights(logits, self.options.n_iter).exp()

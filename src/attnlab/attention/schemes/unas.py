@@ -11,7 +11,7 @@ from attnlab.attention.schemes.registry import register
 @register
 class UNAS(Normalizer):
     name = "unas"
-    fast_paths = (paths.unas_cpu_flash,)
+    fast_paths = paths.UNAS_PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
         return safe_log_normalize(logits, dim=-1).exp()
