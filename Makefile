@@ -34,10 +34,13 @@ test-slow: install
 
 bench: install
 	$(BIN)/python bench/attention.py $(BENCH_ARGS)
+	$(BIN)/python bench/train_step.py $(TRAIN_STEP_ARGS)
 
-# real data: English Debian package descriptions (apt's Translation-en, ~18 MB) for mlm and headline
+# real data: English Debian package descriptions (apt's Translation-en, ~18 MB) for mlm and headline,
+# then the German ones (Translation-de, ~3 MB) and the German-English pairs of mt
 data: install
 	$(BIN)/python -m tasks.common.debian --data-dir data/debian
+	$(BIN)/python -m tasks.mt.debian_pairs --data-dir data
 
 lint: install
 	$(BIN)/ruff check src tasks tests bench train.py eval.py

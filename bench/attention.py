@@ -2,6 +2,9 @@
 
     python bench/attention.py            # S in 128, 512, 1024, 2048, 4096 (several minutes)
     python bench/attention.py --quick    # S in 128, 512
+    python bench/attention.py --methods unas_sdpa unas_dropout_fused unas_dropout_sdpa \
+        unas_dropout_reference dnas_dropout_fused hnas_dropout_fused --seq 512 1024
+    python bench/attention.py --device cuda   # bf16 + fp32, S up to 8192 (bench/attention_cuda.py)
 
 B=8, H=12, d=64, float32, `torch.set_num_threads(--threads)`. Each (method, S) runs in a fresh
 subprocess so that its peak memory (ru_maxrss of the child) is its own. On a shared machine wall
@@ -33,11 +36,21 @@ METHODS = {
     "hnas_efficient": "HNAS efficient (fused kernel)",
     "dnas_composed": "DNAS composed flash (fallback)",
     "hnas_composed": "HNAS composed flash (fallback)",
+    # attention dropout 0.1 (training): the paths attend takes, and the alternatives
+    "unas_dropout_fused": "UNAS dropout 0.1, fused kernel (attend)",
+    "unas_dropout_sdpa": "UNAS dropout 0.1, SDPA (math backend)",
+    "unas_dropout_reference": "UNAS dropout 0.1, reference",
+    "dnas_dropout_fused": "DNAS dropout 0.1, fused kernel (attend)",
+    "hnas_dropout_fused": "HNAS dropout 0.1, fused kernel (attend)",
+    "hnas_dropout_reference": "HNAS dropout 0.1, reference",
 }
+DEFAULT_METHODS = [m for m in METHODS if "dropout" not in m]
 # The fallback without a C++ compiler: attend() with the fused kernel switched off.
 COMPOSED = ("dnas_composed", "hnas_composed")
 # Rough number of live (B, H, S, S) float32 tensors at the peak of fwd+bwd, for skipping.
-MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10}
+MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10,
+                       "unas_dropout_sdpa": 4, "unas_dropout_reference": 6,
+                       "hnas_dropout_reference": 11}
 FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 512)
 
@@ -53,10 +66,9 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from attnlab.attention import attend, fused
-    from attnlab.attention.reference import reference_attend
+    from attnlab.attention import attend, fused, reference_attend
 
-    if method.endswith("_efficient") and not fused.load():
+    if ("efficient" in method or "fused" in method) and not fused.load():
         raise SystemExit("the fused kernel did not build (see the warning above)")
 
     def unas_naive(q, k, v):
@@ -72,6 +84,15 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         "hnas_efficient": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
         "dnas_composed": lambda q, k, v, u: attend(q, k, v, "dnas"),
         "hnas_composed": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
+        "unas_dropout_fused": lambda q, k, v, u: attend(q, k, v, "unas", dropout_p=0.1),
+        "unas_dropout_sdpa": lambda q, k, v, u: F.scaled_dot_product_attention(q, k, v,
+                                                                               dropout_p=0.1),
+        "unas_dropout_reference": lambda q, k, v, u: reference_attend(q, k, v, "unas",
+                                                                      dropout_p=0.1),
+        "dnas_dropout_fused": lambda q, k, v, u: attend(q, k, v, "dnas", dropout_p=0.1),
+        "hnas_dropout_fused": lambda q, k, v, u: attend(q, k, v, "hnas", u=u, dropout_p=0.1),
+        "hnas_dropout_reference": lambda q, k, v, u: reference_attend(q, k, v, "hnas", u=u,
+                                                                      dropout_p=0.1),
     }
     fn = methods[method]
 
@@ -146,7 +167,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only S in 128, 512")
     parser.add_argument("--seq", type=int, nargs="*", help="sequence lengths (overrides --quick)")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS, choices=list(METHODS))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=["bf16", "fp32"],
+                        help="cuda only")
+    parser.add_argument("--cuda-methods", nargs="*", help="cuda only (default: all of them)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -165,6 +190,13 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    if args.device == "cuda":
+        import attention_cuda
+
+        attention_cuda.check_device()
+        args.repeats = max(args.repeats, 5)
+        write_table(attention_cuda.run(args), args, "attention-cuda")
+        return
     from attnlab.attention import fused
 
     fused.load()  # build the kernel once here, not inside a timed worker
@@ -201,11 +233,14 @@ def main() -> None:
         f"peak = max RSS of the fresh process (fwd+bwd)\n\n"
         "| S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|"
     )
-    table = header + "\n" + "\n".join(rows) + "\n"
+    write_table(header + "\n" + "\n".join(rows) + "\n", args, "attention")
+
+
+def write_table(table: str, args, name: str) -> None:
     print(table)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"attention-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.md"
     path.write_text(table)
     print(f"written to {path}", file=sys.stderr)
 

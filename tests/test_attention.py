@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention import attend, attention_weights, fused
-from attnlab.attention.reference import reference_attend
+from attnlab.attention import attend, attention_weights, fused, reference_attend
+from attnlab.attention.schemes import NORMALIZERS
 from attnlab.errors import ConfigError
 
-SCHEMES = ["unas", "dnas", "hnas", "sinkhorn"]
+# every registered normalization (a new scheme file is tested here without editing this list)
+SCHEMES = sorted(NORMALIZERS)
 # How `attend` computes dnas / hnas: the fused C++ kernel, or (where it cannot be built) ATen's
 # flash kernel composed in Python. Both must match the reference.
 BACKENDS = ["fused", "composed"]
@@ -77,7 +78,7 @@ def test_efficient_matches_reference(scheme, shape, backend):
     if scheme != "hnas":
         tensors = tensors[:3]  # u is an input of hnas only
     got = grads(lambda: attend(q, k, v, scheme, **kw), tensors, g_out)
-    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, kw["u"]), tensors, g_out)
+    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, u=kw["u"]), tensors, g_out)
     out_f, out_r = got[0], ref[0]
     assert torch.isfinite(out_f).all()
     torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=0)
@@ -268,8 +269,9 @@ def test_weight_invariants(p):
     rows = w.sum(-1)  # (B, H, S_q)
     live_rows = (valid_q[..., 0] & valid_k.any(-1)).expand_as(rows)
     torch.testing.assert_close(rows[live_rows], torch.ones_like(rows[live_rows]), atol=1e-5, rtol=0)
-    if scheme in ("dnas", "hnas"):
+    if scheme in ("dnas", "hnas", "sinkhorn"):
         # Lemma: every valid key gets total weight >= 1 / (number of valid keys) (times u in HNAS).
+        # Sinkhorn too: after a column step every entry is <= 1, so a row sum is <= S_k.
         n_keys = valid_k.sum(-1, keepdim=True).clamp(min=1).float()  # (B, 1, 1, 1)
         bound = 1.0 / n_keys[..., 0]  # (B, 1, 1)
         if scheme == "hnas":
@@ -302,7 +304,7 @@ def _check_attend_is_finite(p):
     for t in (q, k, v, u):
         assert t.grad is None or torch.isfinite(t.grad).all()
     if not p["autocast"] and p["q"].abs().max() < 100:
-        ref = reference_attend(p["q"], p["k"], p["v"], scheme, kpm, qpm, p["u"], p["n_iter"])
+        ref = reference_attend(p["q"], p["k"], p["v"], scheme, kpm, qpm, u=p["u"], n_iter=p["n_iter"])
         torch.testing.assert_close(out.detach(), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -318,7 +320,7 @@ def test_backward_in_batch_chunks_matches_reference(scheme, monkeypatch):
     g_out = torch.randn(3, 2, 5, 8)
     u = u if scheme == "hnas" else None
     got = grads(lambda: attend(q, k, v, scheme, kpm, qpm, u=u), tensors, g_out)
-    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, u), tensors, g_out)
+    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, u=u), tensors, g_out)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
@@ -333,7 +335,7 @@ def test_hnas_backward_without_the_folded_c_gradient(monkeypatch):
     tensors = [t.requires_grad_() for t in (q, k, v, u)]
     g_out = torch.randn(3, 2, 6, 8)
     got = grads(lambda: attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
-    ref = grads(lambda: reference_attend(q, k, v, "hnas", kpm, qpm, u), tensors, g_out)
+    ref = grads(lambda: reference_attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -16,7 +17,10 @@ from attnlab.attention import (
     attend,
     attention_modules,
     attention_weights,
+    hybrid_u_per_layer,
+    record_attention,
 )
+from attnlab.attention.schemes import NORMALIZERS
 from attnlab.errors import ConfigError
 
 E, H = 16, 4
@@ -47,7 +51,7 @@ def test_unas_mha_equals_torch_multihead_attention():
     )
 
 
-@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas", "sinkhorn"])
+@pytest.mark.parametrize("scheme", sorted(NORMALIZERS))
 def test_mha_is_projections_around_attend(scheme):
     torch.manual_seed(1)
     mha = MultiHeadAttention(E, H, spec={"scheme": scheme, "n_iter": 3, "hybrid_init": 0.3}).eval()
@@ -78,16 +82,17 @@ def test_project_values_false_attends_raw_values():
 def test_hybrid_u_parameter_and_endpoints():
     torch.manual_seed(3)
     per_head = MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_init": 0.1})
-    assert per_head.hybrid_logit.shape == (H,)
-    torch.testing.assert_close(per_head.hybrid_u, torch.full((H,), 0.1))
-    assert not per_head.hybrid_u.requires_grad
+    assert per_head.normalizer.hybrid_logit.shape == (H,)
+    torch.testing.assert_close(per_head.normalizer.u, torch.full((H,), 0.1))
+    assert not per_head.normalizer.u.requires_grad
     per_layer = MultiHeadAttention(E, H, spec=AttentionSpec("hnas", hybrid_init=0.5, hybrid_per="layer"))
-    assert per_layer.hybrid_logit.shape == (1,) and per_layer.hybrid_u.shape == (H,)
-    assert MultiHeadAttention(E, H, spec="dnas").hybrid_u is None
+    assert per_layer.normalizer.hybrid_logit.shape == (1,) and per_layer.normalizer.u.shape == (H,)
+    assert hybrid_u_per_layer(MultiHeadAttention(E, H, spec="dnas")) == {}
     # init 0 / 1 are clamped so the logit is finite ...
     for init in (0.0, 1.0):
         m = MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_init": init})
-        assert torch.isfinite(m.hybrid_logit).all() and (m.hybrid_u - init).abs().max() <= 1.01e-4
+        logit = m.normalizer.hybrid_logit
+        assert torch.isfinite(logit).all() and (m.normalizer.u - init).abs().max() <= 1.01e-4
     # ... and the module output at the endpoints equals UNAS / DNAS with the same weights.
     x, kpm = torch.randn(2, 5, E), padding(2, 5, [5, 3])
     for init, scheme in ((0.0, "unas"), (1.0, "dnas")):
@@ -99,28 +104,39 @@ def test_hybrid_u_parameter_and_endpoints():
         torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
     # u is trained: it receives a gradient
     per_head(x).sum().backward()
-    assert per_head.hybrid_logit.grad is not None and per_head.hybrid_logit.grad.abs().sum() > 0
+    grad = per_head.normalizer.hybrid_logit.grad
+    assert grad is not None and grad.abs().sum() > 0
 
 
-def test_recording_is_off_by_default_and_records_weights():
+def test_recording_happens_only_inside_a_recorder_and_nests():
     torch.manual_seed(4)
     mha = MultiHeadAttention(E, H, spec="dnas")
     x, kpm = torch.randn(2, 5, E), padding(2, 5, [5, 2])
-    mha(x, key_padding_mask=kpm, query_padding_mask=kpm)
-    assert mha.record is False and mha.recorded is None
-    mha.record = True
-    mha(x, key_padding_mask=kpm, query_padding_mask=kpm)
-    rec = mha.recorded
-    w = rec["weights"]
+    with mock.patch.object(mha.normalizer, "attention_weights", wraps=mha.normalizer.attention_weights) as spy:
+        mha(x, key_padding_mask=kpm, query_padding_mask=kpm)
+        assert spy.call_count == 0  # nothing is materialized without a recorder
+        with record_attention(mha.named_modules()) as outer:
+            with record_attention([mha]) as inner:
+                mha(x, key_padding_mask=kpm, query_padding_mask=kpm)
+                mha(2 * x, key_padding_mask=kpm, query_padding_mask=kpm)  # not kept: first only
+            assert spy.call_count == 1  # computed once for both owners
+            mha(x, key_padding_mask=kpm, query_padding_mask=kpm)  # the outer one stays open
+        assert not mha._recorders
+    rec = inner.records["0"]
+    assert outer.records[""] is rec
+    w = rec.weights
     assert w.shape == (2, H, 5, 5) and w.dtype == torch.float32 and not w.requires_grad
     expected = attention_weights(split(mha.q_proj(x)), split(mha.k_proj(x)), "dnas",
                                  key_padding_mask=kpm, query_padding_mask=kpm)
     torch.testing.assert_close(w, expected)
-    assert rec["key_padding_mask"] is kpm and rec["query_padding_mask"] is kpm
-    torch.testing.assert_close(rec["column_sums"], w.sum(-2))
-    # lemma: every valid key gets >= 1 / n_valid_keys; min over valid keys only
-    assert (rec["min_column_sum"][1] >= 1 / 2 - 1e-6).all()
-    torch.testing.assert_close(rec["min_column_sum"][0], w[0].sum(-2).amin(-1))
+    assert rec.key_padding_mask is kpm and rec.query_padding_mask is kpm
+    torch.testing.assert_close(rec.column_sums, w.sum(-2))
+    assert rec.head_outputs.shape == (2, H, 5, E // H)
+    everything = record_attention([mha], first_only=False)
+    with everything:
+        mha(x)
+        mha(x)
+    assert len(everything.records["0"]) == 2
 
 
 def test_decoder_guard_refuses_query_normalized_schemes():
@@ -228,4 +244,4 @@ def test_bad_configuration_messages():
         TransformerEncoderLayer(E, H, activation="swish")
     with pytest.raises(ConfigError, match="unknown attention scheme"):
         MultiHeadAttention(E, H, spec="coda-typo")
-    assert math.isclose(MultiHeadAttention(E, H, spec="hnas").hybrid_u.mean().item(), 0.5, rel_tol=1e-6)
+    assert math.isclose(MultiHeadAttention(E, H, spec="hnas").normalizer.u.mean().item(), 0.5, rel_tol=1e-6)

@@ -2,44 +2,19 @@
 
 import csv
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnlab.attention import MultiHeadAttention, attention_weights
+from attnlab.attention import MultiHeadAttention, hybrid_u_per_layer, names
 from attnlab.callbacks import ExplainedAway, HybridWeights
-from attnlab.callbacks.explained_away import column_statistics
 
 
 def random_masks(B, S, p, generator):
     mask = torch.rand(B, S, generator=generator) < p
     mask[:, 0] = False  # at least one valid position per example
     return mask
-
-
-def test_column_statistics_dnas_lemma_and_unas_explaining_away():
-    g = torch.Generator().manual_seed(0)
-    B, H, S = 3, 2, 12
-    q = torch.randn(B, H, S, 8, generator=g) * 3
-    k = torch.randn(B, H, S, 8, generator=g) * 3
-    kpm, qpm = random_masks(B, S, 0.3, g), random_masks(B, S, 0.3, g)
-    w = attention_weights(q, k, scheme="dnas", key_padding_mask=kpm, query_padding_mask=qpm)
-    stats = column_statistics(w, kpm, qpm)
-    # lemma: every valid key gets at least 1/S_valid of the total weight
-    assert stats["min_times_S"] >= 1 - 1e-5
-    col = w.masked_fill(qpm[:, None, :, None], 0).sum(2)
-    expected = col[(~kpm)[:, None, :].expand(B, H, S)]
-    torch.testing.assert_close(stats["log_col"], expected.clamp(min=1e-30).log())
-    assert abs(stats["min"] - float(expected.min())) < 1e-6
-
-    # UNAS with one key that every query ignores: it is explained away (column sum ~ 0)
-    q2, k2 = q.clone(), k.clone()
-    q2[..., 0] = 5.0
-    k2[:, :, -1] = 0.0
-    k2[:, :, -1, 0] = -40.0  # score -40*5/sqrt(8) ~ -71 for every query
-    w_unas = attention_weights(q2, k2, scheme="unas")
-    stats_unas = column_statistics(w_unas)
-    assert stats_unas["min"] < 1e-8 and stats_unas["min_times_S"] < 1
 
 
 class TinyAttentionModel(pl.LightningModule):
@@ -100,13 +75,15 @@ def test_callbacks_log_u_and_explained_away_to_a_real_logger(tmp_path):
         assert f"explained_away/layer{l}/share_below_1e-08" in columns
     # the last logged u is the module's u, and training moved it away from its init
     final = [float(r["hnas/u/layer1/head0"]) for r in rows if r.get("hnas/u/layer1/head0")][-1]
-    assert abs(final - float(model.layers[1].hybrid_u[0])) < 1e-6
+    assert abs(final - float(hybrid_u_per_layer(model)["layers.1"][0])) < 1e-6
     assert abs(final - 0.3) > 1e-4
     assert hybrid.steps[0] == 0 and hybrid.steps[-1] == trainer.global_step
     assert (tmp_path / "hnas_u.png").stat().st_size > 1000
     assert (tmp_path / "explained_away.png").stat().st_size > 1000
-    # recording is switched off again after validation: training never materializes weights
-    assert all(not m.record for m in model.layers)
+    # the explained-away scalars reach callback_metrics (hence metrics.json) too
+    assert "explained_away/layer1/min_col_sum_times_S" in trainer.callback_metrics
+    # no recorder stays open after validation: training never materializes weights
+    assert all(not m._recorders for m in model.layers)
 
 
 def test_hybrid_weights_ignores_models_without_hnas(tmp_path):
@@ -116,3 +93,74 @@ def test_hybrid_weights_ignores_models_without_hnas(tmp_path):
                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, tiny_loader())
     assert hybrid.steps == [] and not (tmp_path / "hnas_u.png").exists()
+
+
+class TinyClassifier(pl.LightningModule):
+    """Two encoder layers of any scheme, mean-pooled into 3 classes (calibration needs a classifier)."""
+
+    def __init__(self, scheme):
+        super().__init__()
+        from attnlab.attention import TransformerEncoderLayer
+
+        self.embed = torch.nn.Linear(4, 16)
+        self.layers = torch.nn.ModuleList(
+            TransformerEncoderLayer(16, 2, 32, 0.0, spec={"scheme": scheme, "hybrid_init": 0.3}, layer_index=i)
+            for i in range(2))
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, batch):
+        from attnlab.attention import run_stack
+
+        x, mask, _ = batch
+        h = run_stack(self.layers, self.embed(x), mask)
+        return self.head(h.masked_fill(mask[..., None], 0).sum(1) / (~mask).sum(1, keepdim=True))
+
+    def step(self, batch, stage):
+        loss = torch.nn.functional.cross_entropy(self(batch), batch[2])
+        self.log(f"{stage}/loss", loss)
+        return loss
+
+    def training_step(self, batch, _):
+        return self.step(batch, "train")
+
+    def validation_step(self, batch, _):
+        self.step(batch, "val")
+
+    def test_step(self, batch, _):
+        self.step(batch, "test")
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("scheme", names())
+def test_every_registered_scheme_with_every_analysis_callback(scheme, tmp_path):
+    from attnlab.attention import AttentionSpec
+    from attnlab.callbacks import Calibration, HeadDiversity, HeadImportance
+
+    pl.seed_everything(0)
+    g = torch.Generator().manual_seed(2)
+    x, mask = torch.randn(24, 7, 4, generator=g), random_masks(24, 7, 0.3, g)
+    data = DataLoader(TensorDataset(x, mask, torch.randint(0, 3, (24,), generator=g)), batch_size=8)
+    model = TinyClassifier(scheme)
+    importance = HeadImportance(max_batches=1)
+    trainer = pl.Trainer(max_steps=3, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, num_sanity_val_steps=0, enable_model_summary=False,
+                         callbacks=[HybridWeights(every_n_steps=1), ExplainedAway(max_batches=2),
+                                    HeadDiversity(max_batches=2), Calibration(n_bins=5), importance])
+    trainer.fit(model, data, data)
+    m = dict(trainer.callback_metrics)
+    trainer.test(model, data, verbose=False)
+    m.update(trainer.callback_metrics)
+    summary = importance.after_test(trainer, model, pl.LightningDataModule.from_datasets(
+        val_dataset=data.dataset, batch_size=8), "val/loss", "min")
+    for l in range(2):
+        assert torch.isfinite(m[f"explained_away/layer{l}/min_col_sum_times_S"])
+    if AttentionSpec.from_config(scheme).normalization in ("dnas", "sinkhorn"):  # the DNAS lemma
+        assert all(m[f"explained_away/layer{l}/min_col_sum_times_S"] >= 1 - 1e-4 for l in range(2))
+    for key in ("val/avg_jsd", "val/head_distance", "test/avg_jsd", "val/ece", "test/oe"):
+        assert torch.isfinite(m[key]), key
+    assert len(summary) == 3 and (tmp_path / "head_importance.csv").is_file()
+    assert (tmp_path / "head_jsd.png").is_file() and (tmp_path / "explained_away.png").is_file()
+    has_u = bool(hybrid_u_per_layer(model))
+    assert (tmp_path / "hnas_u.png").is_file() == has_u == (scheme == "hnas")

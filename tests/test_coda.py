@@ -1,4 +1,5 @@
-"""CODA / coda_cs / RealFormer: the cascade of logits within a stack, against hand-written formulas."""
+"""CODA / coda_cs / RealFormer: logit transforms whose logits a stack passes explicitly from layer
+to layer, against hand-written formulas, in every container and under checkpointing."""
 
 import copy
 import math
@@ -10,12 +11,15 @@ from torch import nn
 from attnlab.attention import (
     AttentionSpec,
     MultiHeadAttention,
+    StackCarry,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     attention_modules,
-    link_stack,
+    hybrid_u_per_layer,
+    record_attention,
+    run_stack,
 )
-from attnlab.attention.cascade import HeadMixer
+from attnlab.attention.schemes.coda import HeadMixer
 from attnlab.errors import ConfigError
 
 D, H = 16, 4
@@ -25,15 +29,9 @@ def coda(**options):
     return AttentionSpec.from_config({"scheme": "coda", **options})
 
 
-def encoder(spec, n=3, dropout=0.0):
-    torch.manual_seed(0)
-    return nn.ModuleList(TransformerEncoderLayer(D, H, 32, dropout, spec=spec) for _ in range(n))
-
-
-def run(layers, x, mask=None):
-    for layer in layers:
-        x = layer(x, key_padding_mask=mask)
-    return x
+def encoder(spec, n=3, dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleList(TransformerEncoderLayer(D, H, 32, dropout, spec=spec, layer_index=i) for i in range(n))
 
 
 def padding(batch, length, seed=0):
@@ -52,20 +50,20 @@ def test_eval_is_deterministic_and_training_is_stochastic():
     layers = encoder(coda())
     x, mask = torch.randn(3, 7, D), padding(3, 7)
     layers.eval()
-    assert torch.equal(run(layers, x, mask), run(layers, x, mask))
+    assert torch.equal(run_stack(layers, x, mask), run_stack(layers, x, mask))
     layers.train()
-    a, b = run(layers, x, mask), run(layers, x, mask)
+    a, b = run_stack(layers, x, mask), run_stack(layers, x, mask)
     assert (a - b).abs().max() > 1e-3
     # the noise is the only randomness: the same seed gives the same training forward
     torch.manual_seed(5)
-    a = run(layers, x, mask)
+    a = run_stack(layers, x, mask)
     torch.manual_seed(5)
-    assert torch.equal(a, run(layers, x, mask))
+    assert torch.equal(a, run_stack(layers, x, mask))
 
 
 @pytest.mark.parametrize("scheme", ["coda", "realformer"])
 def test_first_layer_without_noise_is_unas(scheme):
-    spec = AttentionSpec.from_config({"scheme": scheme, "noise": False})
+    spec = AttentionSpec.from_config({"scheme": scheme, "noise": False} if scheme == "coda" else scheme)
     torch.manual_seed(1)
     first = MultiHeadAttention(D, H, spec=spec)
     plain = MultiHeadAttention(D, H, spec="unas")
@@ -80,89 +78,129 @@ def test_first_layer_without_noise_is_unas(scheme):
 
 @pytest.mark.parametrize("prev_residual", [True, False])
 def test_second_layer_follows_the_cascade_formula(prev_residual):
-    layers = encoder(coda(noise=False, prev_residual=prev_residual), n=2)
+    layers = encoder(coda(noise=False, prev_residual=prev_residual), n=2).eval()
     first, second = layers[0].self_attn, layers[1].self_attn
-    assert first.cascade.feeds and second.cascade.source.module is first
-    assert isinstance(second.cascade_mixer, HeadMixer) and not hasattr(first, "cascade_mixer")
+    assert isinstance(second.transform.mixer, HeadMixer) and not hasattr(first.transform, "mixer")
     x = torch.randn(2, 5, D)
-    for m in (first, second):
-        m.record = True
-    run(layers.eval(), x)
-    h = layers[0](x)  # the second layer's input
+    with record_attention(layers) as rec:
+        run_stack(layers, x)
+    h = layers[0](x)  # the second layer's input (the first layer may run alone)
     c1, c2 = scores(first, x), scores(second, h)
-    mixed = second.cascade_mixer.net((c1 + c2).movedim(1, -1)).movedim(-1, 1)
+    mixed = second.transform.mixer.net((c1 + c2).movedim(1, -1)).movedim(-1, 1)
     z2 = c2 + mixed + (c1 if prev_residual else 0)
-    torch.testing.assert_close(second.recorded["weights"], torch.softmax(z2, -1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(first.recorded["weights"], torch.softmax(c1, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rec.records["1.self_attn"].weights, torch.softmax(z2, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rec.records["0.self_attn"].weights, torch.softmax(c1, -1), atol=1e-5, rtol=1e-5)
 
 
 def test_realformer_adds_the_logits_of_all_previous_layers():
-    layers = encoder(AttentionSpec.from_config("realformer"), n=3)
+    layers = encoder(AttentionSpec.from_config("realformer"), n=3).eval()
     x = torch.randn(2, 5, D)
     mods = [layer.self_attn for layer in layers]
-    for m in mods:
-        m.record = True
-    run(layers.eval(), x)
+    with record_attention(layers) as rec:
+        run_stack(layers, x)
     h1 = layers[0](x)
-    h2 = layers[1](h1)
+    h2, z = layers[1](h1, prev_logits={"self_attn": scores(mods[0], x)}, return_logits=True)
     c = [scores(mods[0], x), scores(mods[1], h1), scores(mods[2], h2)]
-    assert not any(hasattr(m, "cascade_mixer") for m in mods)  # deterministic, no parameters
-    torch.testing.assert_close(mods[2].recorded["weights"], torch.softmax(c[0] + c[1] + c[2], -1),
+    assert not list(layers.named_parameters(prefix="", recurse=True)) or not any(
+        "transform" in n for n, _ in layers.named_parameters())  # deterministic, no parameters
+    torch.testing.assert_close(z["self_attn"], c[0] + c[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rec.records["2.self_attn"].weights, torch.softmax(c[0] + c[1] + c[2], -1),
                                atol=1e-5, rtol=1e-5)
 
 
 def test_coda_cs_does_not_cascade():
     layers = encoder(AttentionSpec.from_config({"scheme": "coda", "cascade": False}), n=2)
-    assert all(m.cascade.source is None and not m.cascade.feeds for _, m in attention_modules(layers))
-    assert not any("cascade_mixer" in n for n, _ in layers.named_parameters())
+    assert not any(m.transform.receives_logits or m.transform.passes_logits for _, m in attention_modules(layers))
+    assert not any("mixer" in n for n, _ in layers.named_parameters())
+    x = torch.randn(2, 5, D)
+    _, logits = layers[0](x, return_logits=True)
+    assert logits is None
 
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("spec", [coda(), coda(normalization="dnas"), coda(normalization="hnas"),
+                                  coda(normalization="entmax", normalization_options={"alpha": 2}),
                                   AttentionSpec.from_config("realformer")])
 def test_padding_gets_no_weight_and_nothing_is_nan(spec, training):
     layers = encoder(spec, n=3, dropout=0.0).train(training)
-    for _, m in attention_modules(layers):
-        m.record = True
     x = torch.randn(4, 9, D, requires_grad=True)
     mask = padding(4, 9, seed=7)
     mask[3] = True  # one example is all padding
-    out = run(layers, x, mask)
+    with record_attention(layers) as rec:
+        out = run_stack(layers, x, mask)
     out.square().sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in layers.parameters() if p.grad is not None)
-    for _, m in attention_modules(layers):
-        w = m.recorded["weights"]
+    assert len(rec.records) == 3
+    for r in rec.records.values():
+        w = r.weights
         assert torch.isfinite(w).all()
         assert w.masked_select(mask[:, None, None, :].expand_as(w)).abs().max() == 0  # padded keys
         assert w.masked_select(mask[:, None, :, None].expand_as(w)).abs().max() == 0  # padded queries
         rows = w.sum(-1)[~mask[:, None, :].expand(-1, H, -1)]
         torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-5, rtol=0)
         if spec.normalization == "dnas":  # the DNAS lemma holds on the cascaded logits too
-            s_valid = (~mask).sum(-1)[:3, None].float()
-            assert (m.recorded["min_column_sum"][:3] * s_valid >= 1 - 1e-4).all()
+            s_valid = (~mask).sum(-1)[:3, None, None].float()
+            cols = r.column_sums[:3].masked_fill(mask[:3, None, :], float("inf"))
+            assert (cols * s_valid >= 1 - 1e-4).all()
+
+
+def test_same_outputs_in_modulelist_sequential_and_under_checkpointing():
+    """The logits travel as arguments: the container and recomputation do not matter."""
+    layers = encoder(coda(), n=3).train()
+    x, mask = torch.randn(2, 6, D), padding(2, 6, seed=4)
+    as_sequential = nn.Sequential(*layers)
+    torch.manual_seed(11)
+    ref = run_stack(layers, x, mask)
+    torch.manual_seed(11)
+    seq = as_sequential(StackCarry(x, mask)).x
+    torch.manual_seed(11)
+    xc = x.clone().requires_grad_()
+    ckpt = run_stack(layers, xc, mask, checkpoint=True)
+    assert torch.equal(ref, seq) and torch.equal(ref, ckpt)
+    # gradients through the recomputed cascade equal the plain ones
+    ckpt.square().sum().backward()
+    grad_ckpt = [p.grad.clone() for p in layers.parameters()]
+    layers.zero_grad()
+    torch.manual_seed(11)
+    xr = x.clone().requires_grad_()
+    run_stack(layers, xr, mask).square().sum().backward()
+    torch.testing.assert_close(xc.grad, xr.grad)
+    for a, p in zip(grad_ckpt, layers.parameters()):
+        torch.testing.assert_close(a, p.grad)
+    # and the cascade really is used: without the previous logits the second layer differs
+    layers.eval()
+    h, z = layers[0](x, mask, return_logits=True)
+    assert (layers[1](h, mask, prev_logits=z) - layers[1](h, mask, prev_logits={"self_attn": 0 * z["self_attn"]})).abs().max() > 1e-4
+
+
+def test_no_global_registration_hook_remains():
+    import torch.nn.modules.module as module_lib
+
+    hooks = getattr(module_lib, "_global_module_registration_hooks", {})
+    assert not any("attnlab" in getattr(h, "__module__", "") for h in hooks.values())
 
 
 def test_decoder_stacks_are_causal_and_match_step_by_step_decoding():
     torch.manual_seed(0)
     spec = coda()
-    layers = nn.ModuleList(TransformerDecoderLayer(D, H, 32, 0.0, spec=spec) for _ in range(3)).eval()
+    layers = nn.ModuleList(TransformerDecoderLayer(D, H, 32, 0.0, spec=spec, layer_index=i) for i in range(3)).eval()
     self_mods = [layer.self_attn for layer in layers]
     cross_mods = [layer.cross_attn for layer in layers]
     assert [m.role for m in cross_mods] == ["cross"] * 3 and self_mods[0].role == "decoder"
-    assert cross_mods[1].cascade.source.module is cross_mods[0]  # cross cascades into cross
-    assert self_mods[1].cascade.source.module is self_mods[0]
+    assert cross_mods[1].transform.receives_logits and not cross_mods[0].transform.receives_logits
     memory, mem_mask = torch.randn(2, 6, D), padding(2, 6, seed=2)
     y = torch.randn(2, 5, D)
 
     def decode(prefix):
-        for layer in layers:
-            prefix = layer(prefix, memory, memory_key_padding_mask=mem_mask)
-        return prefix
+        return run_stack(layers, prefix, memory, memory_key_padding_mask=mem_mask)
 
     full = decode(y)
     for t in range(1, 6):  # re-running on a prefix, as beam search does, gives the same states
         torch.testing.assert_close(decode(y[:, :t]), full[:, :t], atol=1e-5, rtol=1e-5)
+    # both stacks pass their logits on
+    _, logits = layers[0](y, memory, memory_key_padding_mask=mem_mask, return_logits=True)
+    assert set(logits) == {"self_attn", "cross_attn"}
 
 
 def test_query_normalization_is_refused_in_decoders_only():
@@ -171,75 +209,81 @@ def test_query_normalization_is_refused_in_decoders_only():
     with pytest.raises(ConfigError, match="decoder"):
         TransformerDecoderLayer(D, H, 32, spec=coda(normalization="hnas"))
     m = MultiHeadAttention(D, H, spec=coda(normalization="hnas"))
-    assert m.hybrid_u is not None and m.hybrid_u.shape == (H,)
+    assert hybrid_u_per_layer(m)[""].shape == (H,)
     # a task's decoder gets the cascade scheme with UNAS; other schemes keep the task's decoder
     dec = coda(normalization="dnas").for_decoder("unas")
-    assert dec.scheme == "coda" and dec.normalization == "unas"
+    assert dec.scheme == "coda" and dec.normalization == "unas" and dec.transform_options.alpha == 4
     assert AttentionSpec.from_config("hnas").for_decoder("unas").scheme == "unas"
     assert coda(decoder=False).for_decoder("unas").scheme == "unas"
     assert coda().for_decoder("dnas").scheme == "dnas"  # an explicit decoder choice still stands
+    assert AttentionSpec.from_config("entmax").for_decoder("unas").scheme == "entmax"  # over keys
 
 
 def test_bad_options_get_one_clear_error():
     with pytest.raises(ConfigError, match="has no option alpah"):
         MultiHeadAttention(D, H, spec=coda(alpah=4))
     with pytest.raises(ConfigError, match="normalization"):
-        coda(normalization="sinkhorn")
-    with pytest.raises(ConfigError, match="only applies to cascade"):
+        coda(normalization="nope")
+    with pytest.raises(ConfigError, match="only applies to logit transforms"):
         AttentionSpec.from_config({"scheme": "dnas", "normalization": "unas"})
     with pytest.raises(ConfigError, match="alpha"):
         MultiHeadAttention(D, H, spec=coda(alpha=0))
+    with pytest.raises(ConfigError, match="must be bool"):
+        coda(noise="yes")
 
 
-def test_each_model_has_its_own_cascade():
-    """Two models (from one spec object) never see each other's logits, even when interleaved."""
+def test_layers_of_a_stack_need_the_logits_of_the_layer_before():
+    layers = encoder(coda(), n=2).eval()
+    with pytest.raises(ConfigError, match="run_stack"):
+        layers[1](torch.randn(1, 4, D))  # a plain loop would silently lose the cascade
+    first, z = layers[0](torch.randn(1, 4, D), return_logits=True)
+    with pytest.raises(ConfigError, match="layer_index"):
+        layers[0](first, prev_logits=z)  # the first layer of a stack takes no logits
+    with pytest.raises(ConfigError, match="shape"):
+        layers[1](torch.randn(1, 5, D), prev_logits=z)
+
+
+def test_each_forward_cascades_from_scratch():
+    """Nothing is stored on modules: two models (from one spec) interleaved never mix."""
     spec = coda(noise=False)
-    a, b = encoder(spec, n=2).eval(), encoder(spec, n=2).eval()
-    with torch.no_grad():
-        for p in b.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    a, b = encoder(spec, n=2).eval(), encoder(spec, n=2, seed=1).eval()
     x = torch.randn(2, 5, D)
-    alone = run(a, x)
-    h = a[0](x)
-    run(b, torch.randn(2, 5, D))  # a whole forward of another model in between
-    torch.testing.assert_close(a[1](h), alone)
+    alone = run_stack(a, x)
+    h, z = a[0](x, return_logits=True)
+    run_stack(b, torch.randn(2, 5, D))  # a whole forward of another model in between
+    torch.testing.assert_close(a[1](h, prev_logits=z), alone)
 
 
 def test_copies_and_checkpoints_keep_the_cascade():
     layers = encoder(coda(), n=3).eval()
     x = torch.randn(2, 5, D)
-    ref = run(layers, x)
-    clone = copy.deepcopy(layers)
-    assert clone[1].self_attn.cascade.source.module is clone[0].self_attn  # links follow the copy
-    torch.testing.assert_close(run(clone, x), ref)
+    ref = run_stack(layers, x)
+    torch.testing.assert_close(run_stack(copy.deepcopy(layers), x), ref)
     fresh = encoder(coda(), n=3)
     with torch.no_grad():
         for p in fresh.parameters():
             p.zero_()
     fresh.load_state_dict(layers.state_dict())  # what load_from_checkpoint does
-    torch.testing.assert_close(run(fresh.eval(), x), ref)
+    torch.testing.assert_close(run_stack(fresh.eval(), x), ref)
 
 
-def test_layers_of_a_stack_must_run_in_order():
-    layers = encoder(coda(), n=2).eval()
-    with pytest.raises(ConfigError, match="must run in order"):
-        layers[1](torch.randn(1, 4, D))
-
-
-def test_link_stack_links_modules_by_hand():
-    mods = [MultiHeadAttention(D, H, spec=coda(noise=False)) for _ in range(2)]
-    link_stack(mods)
-    assert mods[1].cascade.source.module is mods[0] and hasattr(mods[1], "cascade_mixer")
-    # MultiHeadAttention modules put directly in a ModuleList (e.g. VQA's fusion) stay depth 1
-    fusion = nn.ModuleList(MultiHeadAttention(D, H, spec=coda()) for _ in range(2))
-    assert all(m.cascade.source is None for m in fusion)
+def test_checkpoints_from_before_the_registry_still_load():
+    layers = encoder(coda(normalization="hnas"), n=2)
+    state = layers.state_dict()
+    old = {k.replace("normalizer.hybrid_logit", "hybrid_logit").replace("transform.mixer.", "cascade_mixer."): v
+           for k, v in state.items()}
+    assert "1.self_attn.cascade_mixer.net.0.weight" in old and "0.self_attn.hybrid_logit" in old
+    fresh = encoder(coda(normalization="hnas"), n=2, seed=3)
+    fresh.load_state_dict(old)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, state[k]), k
 
 
 def test_bf16_autocast_stays_finite():
     layers = encoder(coda(normalization="hnas"), n=2).train()
     x, mask = torch.randn(2, 6, D), padding(2, 6, seed=1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = run(layers, x, mask)
+        out = run_stack(layers, x, mask)
     out.float().sum().backward()
     assert torch.isfinite(out.float()).all()
     assert all(torch.isfinite(p.grad).all() for p in layers.parameters() if p.grad is not None)
@@ -249,15 +293,16 @@ def test_incremental_decoding_with_cached_keys_matches_the_full_pass():
     """attend_heads on one new query with cached keys/values (a decoder's step) cascades row by
     row exactly like the full causal pass."""
     torch.manual_seed(0)
-    mods = [MultiHeadAttention(D, H, spec=coda(), is_decoder=True).eval() for _ in range(2)]
-    link_stack(mods)
+    mods = [MultiHeadAttention(D, H, spec=coda(), is_decoder=True, layer_index=i).eval() for i in range(2)]
     x = torch.randn(2, 5, D)
-    full = [m(x, causal=True) for m in mods]  # one full pass, layers in order
+    out0, z0 = mods[0](x, causal=True, return_logits=True)
+    full = [out0, mods[1](x, causal=True, prev_logits=z0)]
     keys = [m._split(m.k_proj(x)) for m in mods]
     values = [m._split(m.v_proj(x)) for m in mods]
     for t in range(5):
+        prev = None
         for m, k, v, ref in zip(mods, keys, values, full):
             q = m._split(m.q_proj(x[:, t : t + 1]))
-            out = m.attend_heads(q, k[:, :, : t + 1], v[:, :, : t + 1])
+            out, prev = m.attend_heads(q, k[:, :, : t + 1], v[:, :, : t + 1], prev_logits=prev)
             step = m.out_proj(out.transpose(1, 2).reshape(2, 1, D))
             torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-5, rtol=1e-5)

@@ -36,7 +36,7 @@ def test_eval_reloads_a_coda_checkpoint(tmp_path, data_dir):
     [run] = metrics_files(tmp_path / "outputs")
     best = next((run["_dir"] / "checkpoints").glob("best-*.ckpt"))
     state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-    assert any(".cascade_mixer." in k for k in state) and not any("layers.0.self_attn.cascade_mixer" in k for k in state)
+    assert any(".transform.mixer." in k for k in state) and not any("layers.0.self_attn.transform.mixer" in k for k in state)
     run_cli([f"ckpt_path={best}", QUIET[0]], tmp_path, data_dir, script="eval.py")
     [evaluated] = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
     assert evaluated["metrics"]["test/acc"] == pytest.approx(run["metrics"]["test/acc"], abs=1e-6)

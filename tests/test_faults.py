@@ -164,8 +164,7 @@ def test_truncated_caches_are_rebuilt(tmp_path, capsys):
 
 
 def test_samplers_resume_after_the_samples_an_epoch_used():
-    from attnlab.sampling import EpochSeededSampler
-    from tasks.headline.datamodule import LengthGroupedSampler
+    from attnlab.sampling import EpochSeededSampler, LengthGroupedSampler
 
     for sampler in (EpochSeededSampler(50, seed=3), LengthGroupedSampler(list(range(50)), batch_size=4, seed=3)):
         sampler.set_epoch(2)

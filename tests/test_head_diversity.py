@@ -1,6 +1,7 @@
 """Head diversity (JSD between heads, distance between head outputs) and head importance by masking."""
 
 import math
+from unittest import mock
 
 import pytest
 import pytorch_lightning as pl
@@ -8,7 +9,7 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnlab.attention import MultiHeadAttention
+from attnlab.attention import MultiHeadAttention, record_attention
 from attnlab.callbacks import HeadDiversity, HeadImportance
 from attnlab.callbacks.head_diversity import head_distance_sum, jsd_matrix, valid_rows
 from attnlab.callbacks.head_importance import masked_head
@@ -104,13 +105,13 @@ def test_head_diversity_callback_logs_and_draws(tmp_path, capsys):
     m = dict(trainer.callback_metrics)
     trainer.test(module, verbose=False)
     m.update(trainer.callback_metrics)
-    assert module.multi.record is False and module.single.record is False  # switched off again
-    module.multi.record = True
-    module.multi(module.x)
-    rec = module.multi.recorded
-    matrix, n = jsd_matrix(rec["weights"])
+    assert not module.multi._recorders and not module.single._recorders  # closed again
+    with record_attention([module.multi]) as recorder:
+        module.multi(module.x)
+    rec = recorder.records["0"]
+    matrix, n = jsd_matrix(rec.weights)
     assert m["val/avg_jsd"].item() == pytest.approx((matrix[0, 1] / n).item(), rel=1e-5)
-    total, count = head_distance_sum(rec["head_outputs"], valid_rows(rec["weights"]))
+    total, count = head_distance_sum(rec.head_outputs, valid_rows(rec.weights))
     assert m["test/head_distance"].item() == pytest.approx(total / count, rel=1e-5)
     assert (tmp_path / "head_jsd.png").is_file() and (tmp_path / "head_jsd_test.png").is_file()
     assert capsys.readouterr().out.count("single-head attention module(s) skipped") == 1
@@ -120,9 +121,9 @@ def test_masked_head_zeroes_exactly_that_heads_output():
     torch.manual_seed(1)
     m = MultiHeadAttention(8, 2)
     x = torch.randn(2, 4, 8)
-    m.record = True
-    m(x)
-    heads = m.recorded["head_outputs"]  # (B, H, S, d)
+    with record_attention([m]) as recorder:
+        m(x)
+    heads = recorder.records["0"].head_outputs  # (B, H, S, d)
     with masked_head(m, 1):
         out = m(x)
     kept = heads.clone()
@@ -150,16 +151,20 @@ def test_head_importance_finds_the_head_that_matters(tmp_path):
 
 
 class Consumer(AttnModule):
-    """A task that takes the recording for its own statistics in its test step (as VQA does)."""
+    """A task that records the same module for its own statistics in its test step (as VQA does)."""
 
     def test_step(self, batch, batch_idx):
-        self(self.x)
-        self.multi.recorded = None
+        with record_attention([self.multi]) as own:
+            self(self.x)
+        self.own = own.records["0"]
 
 
-def test_a_module_that_consumes_recorded_does_not_hide_it(tmp_path):
+def test_a_task_recording_the_same_module_does_not_hide_it(tmp_path):
     module = Consumer()
     trainer = trainer_for(HeadDiversity(max_batches=1), tmp_path=tmp_path)
-    trainer.test(module, verbose=False)
-    assert "test/avg_jsd" in trainer.callback_metrics
-    assert module.single.record is False  # single-head modules are never recorded
+    with mock.patch.object(MultiHeadAttention, "_record", autospec=True,
+                           side_effect=MultiHeadAttention._record) as spy:
+        trainer.test(module, verbose=False)
+    assert "test/avg_jsd" in trainer.callback_metrics and module.own.weights.shape[1] == 2
+    recorded = {id(call.args[0]) for call in spy.call_args_list}
+    assert id(module.single) not in recorded  # single-head modules are never recorded

@@ -155,7 +155,7 @@ def test_debian_pairs_bad_limits_raise(tmp_path):
 
 
 def test_length_grouped_sampler_is_a_seeded_permutation_with_little_padding():
-    from tasks.headline.datamodule import LengthGroupedSampler
+    from attnlab.sampling import LengthGroupedSampler
 
     lengths = torch.randint(5, 120, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
     sampler = LengthGroupedSampler(lengths, batch_size=16, seed=3, pool=10)

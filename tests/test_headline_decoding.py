@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.errors import ConfigError
-from tasks.headline.decoding import (
+from tasks.common.decoding import (
     beam_search,
     greedy_decode,
     length_penalty_factor,
@@ -89,7 +89,7 @@ def test_cached_decode_step_equals_the_full_decoder(one_thread, norm_first):
 
 
 def test_cascaded_decoders_fall_back_to_the_exact_prefix_decoder(one_thread):
-    from tasks.headline.incremental import DecoderCache, PrefixCache
+    from tasks.common.incremental import DecoderCache, PrefixCache
 
     src, mask = padded_sources([9, 4, 16], vocab=40)
     prefix = torch.randint(3, 40, (3, 5), generator=torch.Generator().manual_seed(2))

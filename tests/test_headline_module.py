@@ -115,12 +115,12 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
         num_sanity_val_steps=0,
     )
     trainer.fit(module, datamodule=dm)
-    assert {"val/loss", "val/rouge1", "val/rouge2", "val/rougeL", "u/encoder_layer0"} <= set(
+    assert {"val/loss", "val/rouge1", "val/rouge2", "val/rougeL"} <= set(
         trainer.callback_metrics
     )
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
     # HNAS's u logits train in their own group: learning rate hybrid_lr, no weight decay
-    logit = module.model.encoder_layers[0].self_attn.hybrid_logit
+    logit = module.model.encoder_layers[0].self_attn.normalizer.hybrid_logit
     (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
     assert group["initial_lr"] == 0.05 and group["weight_decay"] == 0.0
     # the output vocabulary (training headlines only) comes back with a checkpoint
@@ -234,7 +234,7 @@ def test_bert2bert_mapping_covers_all_but_cross_attention():
             "norm2.bias",
         )
     }
-    expected |= {f"encoder_layers.{i}.self_attn.hybrid_logit" for i in range(2)}
+    expected |= {f"encoder_layers.{i}.self_attn.normalizer.hybrid_logit" for i in range(2)}
     expected |= {
         "head_transform.0.weight",
         "head_transform.0.bias",

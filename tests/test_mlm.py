@@ -46,7 +46,7 @@ def test_init_bert_equals_transformers_bert_model():
 def test_init_bert_keeps_hnas_mix_and_rejects_other_vocabularies():
     module = MLMModule(attention={"scheme": "hnas", "hybrid_init": 0.3}, vocab_size=30522, init="bert")
     layer = module.model.encoder.layers[0].self_attn
-    assert torch.allclose(layer.hybrid_u, torch.full((12,), 0.3))
+    assert torch.allclose(layer.normalizer.u, torch.full((12,), 0.3))
     state = bert_assets.load_bert_state_dict()
     assert torch.equal(layer.q_proj.weight, state["encoder.layer.0.attention.self.query.weight"])
     # the MLM decoder is tied to the word embeddings
@@ -137,7 +137,7 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     assert abs(math.log(tested["test/ppl"]) - tested["test/loss"]) < 1e-3
     assert 0.0 <= tested["test/acc"] <= 1.0
     # u is trained, in an optimizer group of its own (learning rate hybrid_lr, no weight decay)
-    logits = [layer.self_attn.hybrid_logit for layer in module.model.encoder.layers]
+    logits = [layer.self_attn.normalizer.hybrid_logit for layer in module.model.encoder.layers]
     assert all(logit.detach().abs().min().item() > 0 for logit in logits)  # all moved from u = 0.5
     (group,) = [g for g in module.trainer.optimizers[0].param_groups if g["params"][0] is logits[0]]
     assert group["initial_lr"] == 0.1 and group["weight_decay"] == 0.0

@@ -7,7 +7,12 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention, TransformerDecoderLayer, TransformerEncoderLayer
+from attnlab.attention import (
+    MultiHeadAttention,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    record_attention,
+)
 from attnlab.callbacks import DisagreementRegularizer, RepulsiveAttention
 from attnlab.callbacks.repulsive import (
     disagreement,
@@ -81,14 +86,13 @@ def test_the_particle_of_head_h_is_the_rows_that_produce_head_h():
         assert torch.equal(head_rows(w, h)[head], w[head * d : (head + 1) * d].flatten())
     # and those rows are what head h's attention depends on: zero head 1's query rows ...
     x = torch.randn(2, 5, e)
-    m.record = True
-    m(x)
-    before = m.recorded["weights"].clone()
-    with torch.no_grad():
-        m.q_proj.weight[d:] = 0
-        m.q_proj.bias[d:] = 0
-    m(x)
-    after = m.recorded["weights"]
+    with record_attention([m], first_only=False) as rec:
+        m(x)
+        with torch.no_grad():
+            m.q_proj.weight[d:] = 0
+            m.q_proj.bias[d:] = 0
+        m(x)
+    before, after = (r.weights for r in rec.records["0"])
     torch.testing.assert_close(after[:, 0], before[:, 0])  # head 0 untouched
     torch.testing.assert_close(after[:, 1], torch.full_like(after[:, 1], 1 / 5))  # head 1 uniform
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from tasks.vqa.metric import (
-    ColumnSumStats,
     VQAAccuracy,
     answer_scores,
     normalize_answer,
@@ -127,27 +126,3 @@ def test_metric_rejects_unknown_question_type():
     metric = VQAAccuracy(["a"])
     with pytest.raises(ValueError, match="known question types"):
         metric.update(["x"], [["x"] * 10], ["zzz"])
-
-
-def test_column_sum_stats_against_hand_computed_values():
-    # two examples, one head, three secondary boxes; the second example's last box is padding
-    column_sums = torch.tensor([[[0.5, 1e-9, 2.5]], [[1.0, 2.0, 99.0]]])
-    padding = torch.tensor([[False, False, False], [False, False, True]])
-    kinds = torch.tensor([[0, 2, 1], [2, 1, -1]])  # background / visible / hidden, -1 padding
-    stats = ColumnSumStats(["background", "visible", "hidden"], threshold=1e-8)
-    stats.update(column_sums[:1], padding[:1], kinds[:1])
-    other = ColumnSumStats(["background", "visible", "hidden"], threshold=1e-8)  # 2nd process
-    other.update(column_sums[1:], padding[1:], kinds[1:])
-    stats.merge_state(other)
-    out = stats.compute()
-    assert out["explained_away"].item() == pytest.approx(1 / 5)  # 1e-9 of 5 valid boxes
-    # min of col_sum * S: S = 3 valid boxes in the first example, 2 in the second
-    assert out["min_col_sum_x_S"].item() == pytest.approx(3e-9)
-    assert out["explained_away_hidden"].item() == pytest.approx(1 / 2)
-    assert out["col_sum_hidden"].item() == pytest.approx((1e-9 + 1.0) / 2)
-    assert out["col_sum_visible"].item() == pytest.approx((2.5 + 2.0) / 2)
-    assert out["col_sum_background"].item() == pytest.approx(0.5)
-    assert out["explained_away_background"].item() == 0
-    empty = ColumnSumStats(["hidden"]).compute()
-    assert set(empty) == {"explained_away", "min_col_sum_x_S", "explained_away_hidden", "col_sum_hidden"}
-    assert all(math.isnan(v.item()) for v in empty.values())

@@ -4,7 +4,13 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from attnlab.attention import AttentionSpec, MultiHeadAttention, attention_modules
+from attnlab.attention import (
+    AttentionSpec,
+    ColumnStats,
+    MultiHeadAttention,
+    attention_modules,
+    record_attention,
+)
 from attnlab.errors import ConfigError
 from tasks.vqa.datamodule import VQADataModule
 from tasks.vqa.model import MultiViewFusion, VQAModel
@@ -39,12 +45,11 @@ def test_fusion_output_is_primary_plus_attended_raw_secondary_features(scheme):
     assert out.shape == (2, 7, 12) and torch.equal(out_mask, mask[:, 0])
     assert torch.isfinite(out).all()
     # y_i = LayerNorm(x^P_i + sum_s sum_j pi^s_ij x^s_j): rebuild it from the recorded weights
-    for attn in fusion.attention:
-        attn.record = True
-    fusion(features, mask)
+    with record_attention(fusion.attention) as rec:
+        fusion(features, mask)
     total = features[:, 0].clone()
-    for view, attn in zip((1, 2), fusion.attention):
-        weights = attn.recorded["weights"][:, 0]  # (B, N_q, N_k), one head
+    for view, name in zip((1, 2), ("0", "1")):
+        weights = rec.records[name].weights[:, 0]  # (B, N_q, N_k), one head
         assert weights[1, :, 4 if view == 2 else 6 :].abs().max() == 0  # padded keys: no weight
         total += weights @ features[:, view]
     torch.testing.assert_close(out, fusion.norm(total), atol=1e-5, rtol=1e-5)
@@ -59,7 +64,7 @@ def test_fusion_has_one_attention_layer_per_secondary_view_without_value_project
     for _, layer in layers:
         assert isinstance(layer, MultiHeadAttention)
         assert layer.v_proj is None and layer.num_heads == 1 and layer.dropout == 0.1
-        assert layer.hybrid_u.tolist() == pytest.approx([0.5])
+        assert layer.normalizer.u.tolist() == pytest.approx([0.5])
     assert attention_modules(VQAModel(AttentionSpec("hnas"), 10, 5, 12, 3, fusion="concat")) == []
 
 
@@ -105,7 +110,7 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     changed = [n for n, p in module.named_parameters() if not torch.equal(p, before[n])]
     assert "model.classifier.3.weight" in changed
     if fusion == "attention":  # gradients reach the fusion attention, u included
-        assert "model.fusion.attention.0.hybrid_logit" in changed
+        assert "model.fusion.attention.0.normalizer.hybrid_logit" in changed
         assert "model.fusion.attention.1.k_proj.weight" in changed
     for name, param in module.named_parameters():
         assert torch.isfinite(param).all(), name
@@ -117,7 +122,7 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     fusion_stats = {f"test/{name}_l{l}" for name in ("explained_away", "min_col_sum_x_S") for l in (0, 1)}
     if fusion == "attention":  # weights are recorded only while testing
         assert fusion_stats <= set(result)
-        assert not any(layer.record for layer in module.model.fusion.attention)
+        assert not any(layer._recorders for layer in module.model.fusion.attention)
     else:
         assert not fusion_stats & set(result)
 
@@ -126,20 +131,17 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
 def test_sharp_unas_explains_boxes_away_and_dnas_keeps_the_lemma(scheme):
     """The statistic the sweep reports, on the real fusion layer: with sharp logits UNAS gives
     some secondary boxes no weight at all, DNAS gives every valid box >= 1/S."""
-    from tasks.vqa.metric import ColumnSumStats
-
     torch.manual_seed(0)
     fusion = MultiViewFusion(12, num_views=3, spec=AttentionSpec(scheme=scheme), dropout=0.0).eval()
     with torch.no_grad():
         for layer in fusion.attention:
             layer.q_proj.weight.mul_(1000.0)  # sharp attention: logits of order 1000
     features, mask = boxes(batch=4, n=9, padded=(7, 8, 6))
-    for layer in fusion.attention:
-        layer.record = True
-    fusion(features, mask)
-    for layer, view in zip(fusion.attention, fusion.secondary_views):
-        stats = ColumnSumStats()
-        stats.update(layer.recorded["column_sums"], mask[:, view])
+    with record_attention(fusion.attention) as rec:
+        fusion(features, mask)
+    for name, view in zip(("0", "1"), fusion.secondary_views):
+        stats = ColumnStats()
+        stats.update(rec.records[name].column_sums, mask[:, view], mask[:, 0])
         out = stats.compute()
         if scheme == "dnas":
             assert out["min_col_sum_x_S"] >= 1 - 1e-5 and out["explained_away"] == 0
@@ -173,15 +175,45 @@ def test_similarity_init_starts_as_dot_product_attention():
     torch.manual_seed(0)
     fusion = MultiViewFusion(12, num_views=3, spec=AttentionSpec("unas"), dropout=0.0)
     features, mask = boxes()
-    for layer in fusion.attention:
-        layer.record = True
-    fusion(features, mask)
-    for layer, view in zip(fusion.attention, (1, 2)):
+    with record_attention(fusion.attention) as rec:
+        fusion(features, mask)
+    for name, view in zip(("0", "1"), (1, 2)):
         logits = features[:, 0] @ features[:, view].transpose(1, 2) / 12**0.5
         logits = logits.masked_fill(mask[:, view, None, :], float("-inf"))
         expected = torch.softmax(logits, dim=-1).masked_fill(mask[:, 0, :, None], 0.0)
-        torch.testing.assert_close(layer.recorded["weights"][:, 0], expected, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(rec.records[name].weights[:, 0], expected, atol=1e-6, rtol=1e-5)
     random = MultiViewFusion(12, 3, AttentionSpec("unas"), init="random")
     assert not torch.equal(random.attention[0].q_proj.weight, torch.eye(12))
     with pytest.raises(ConfigError, match="fusion_init"):
         MultiViewFusion(12, 3, AttentionSpec("unas"), init="orthogonal")
+
+
+def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data):
+    """HeadDiversity records only its first batch; the task's own recorder still sees all of them,
+    so test/explained_away_* equal a plain loop over every test batch."""
+    from attnlab.callbacks import HeadDiversity
+    from tasks.vqa.synthetic import BOX_KINDS
+
+    pl.seed_everything(0)
+    tiny_data.eval_batch_size = 5  # 16 test questions: 4 batches
+    module = VQAModule("dnas", fusion_heads=4, embed_dim=16, hidden_dim=32, attention_dim=16,
+                       **tiny_data.model_kwargs()).eval()
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[HeadDiversity(max_batches=1)])
+    result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
+    assert "test/avg_jsd" in result
+    expected = [ColumnStats(BOX_KINDS) for _ in module.model.fusion.attention]
+    batches = list(tiny_data.test_dataloader())
+    assert len(batches) >= 2  # more batches than the callback records
+    with torch.no_grad():
+        for batch in batches:
+            with record_attention(module.model.fusion.attention) as rec:
+                module(batch)
+            for l, (stats, view) in enumerate(zip(expected, module.model.fusion.secondary_views)):
+                r = rec.records[str(l)]
+                stats.update(r.column_sums, r.key_padding_mask, r.query_padding_mask, batch["box_kind"][:, view])
+    tiny_data.eval_batch_size = tiny_data.batch_size
+    for l, stats in enumerate(expected):
+        for name, value in stats.compute().items():
+            if not torch.isnan(value):
+                assert result[f"test/{name}_l{l}"] == pytest.approx(value.item(), rel=1e-5, abs=1e-9), name

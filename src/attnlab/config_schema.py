@@ -7,7 +7,8 @@ Ranges that types cannot say come from two tables: Trainer arguments that Lightn
 accepts although they make no sense (`accumulate_grad_batches=0`), and the option names every
 task uses alike (batch sizes, learning rates, dropout, fractions, lengths, widths, heads). Other
 Trainer arguments Lightning checks itself when the trainer is built, still before any data work.
-The model group is the attention scheme's own business: `AttentionSpec.from_config`.
+The model group is the attention scheme's own business: `AttentionSpec.from_config`, called by
+`runner.check_scheme_fits_task` right after `validate`.
 
 Messages name the key the user types: `task.data.max_length`, not the interpolated
 `task.datamodule.max_length` it feeds.
@@ -98,9 +99,8 @@ HEAD_SPLITS = (("d_model", "nhead"),)
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first problem of the composed train/eval config."""
-    from attnlab.attention import AttentionSpec
-
+    """Raise ConfigError for the first problem of the composed train/eval config (the model
+    group is checked by its attention scheme: runner.check_scheme_fits_task)."""
     _check_top_level(cfg)
     check_node(cfg, "trainer", TRAINER_RULES.get)
     for group in ("callbacks", "logger"):
@@ -110,8 +110,6 @@ def validate(cfg: DictConfig) -> None:
         for name in ("datamodule", "module"):
             check_node(cfg, f"task.{name}", task_rule)
         _check_head_splits(cfg, "task.module")
-        if "model" in cfg:
-            AttentionSpec.from_config(cfg.model)  # the scheme's own options (ConfigError)
 
 
 def task_rule(name: str) -> Rule | None:

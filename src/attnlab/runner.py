@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab import checkpoints, logger_guard
-from attnlab.attention import attention_modules
+from attnlab.attention import AttentionSpec, hybrid_u_per_layer, names
 from attnlab.config_schema import validate
 from attnlab.errors import (
     ConfigError,
@@ -91,6 +91,21 @@ def build_trainer(cfg: DictConfig, **kwargs) -> pl.Trainer:
         raise
 
 
+def check_scheme_fits_task(cfg: DictConfig) -> AttentionSpec:
+    """The model's options are valid, and a task whose scheme runs in causal attention
+    (`task.causal: true`, e.g. a language model) is not given a query-normalized scheme."""
+    spec = AttentionSpec.from_config(cfg.model)
+    if cfg.task.get("causal", False) and spec.normalizes_over_queries:
+        fitting = [n for n in names() if not AttentionSpec.from_config(n).normalizes_over_queries]
+        raise ConfigError(
+            f"task={cfg.task.name} applies the scheme to causal attention, but model={cfg.model.name} "
+            f"normalizes over queries ({spec.normalization}): every position's weights would depend on "
+            f"future positions. Use a scheme that normalizes over keys: "
+            f"{', '.join(f'model={n}' for n in fitting)}"
+        )
+    return spec
+
+
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """`ckpt_path=last`: this run dir's last.ckpt, else the newest one of the same task and model."""
     ckpt = cfg.get("ckpt_path")
@@ -116,11 +131,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 
 
 def hnas_u_per_layer(module: torch.nn.Module) -> dict[str, list[float]]:
-    return {
-        name: [round(float(x), 4) for x in m.hybrid_u]
-        for name, m in attention_modules(module)
-        if m.hybrid_u is not None
-    }
+    return {name: [round(float(x), 4) for x in u] for name, u in hybrid_u_per_layer(module).items()}
 
 
 def wandb_run_info(loggers) -> dict:
@@ -187,6 +198,10 @@ def train(cfg: DictConfig) -> dict:
     """Fit, then test the best checkpoint. Returns the record also written to metrics.json."""
     t0 = time.time()
     validate(cfg)  # every option, before any work: one clear ConfigError
+    check_scheme_fits_task(cfg)  # the model group: the scheme's own options, and causal tasks
+    if "module" not in cfg.task:  # a task whose data side exists before its model (task=lm today)
+        raise ConfigError(f"task={cfg.task.name} has data but no model yet (conf/task/{cfg.task.name}.yaml "
+                          f"lacks task.module); use another task=")
     ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
     checkpoint = None
     if ckpt_path:

@@ -1,4 +1,5 @@
-"""`EpochSeededSampler`: shuffling that depends only on (seed, epoch), and resumes mid-epoch.
+"""`EpochSeededSampler`: shuffling that depends only on (seed, epoch), and resumes mid-epoch;
+`LengthGroupedSampler` too.
 
 Lightning calls `set_epoch` on the sampler before each epoch, so the order of epoch e is the same
 in an uninterrupted run and in one resumed from a checkpoint (a plain RandomSampler draws from the
@@ -11,6 +12,8 @@ plain DataLoader from its first batch, with a warning: the same batches would be
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data import Sampler
@@ -45,3 +48,31 @@ class EpochSeededSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.n
+
+
+class LengthGroupedSampler(EpochSeededSampler):
+    """A random order in which neighbours have similar lengths (less padding).
+
+    As HF's LengthGroupedSampler: shuffle, cut into pools of `pool` batches, sort each pool by
+    length (longest first), and shuffle the batches of the pool. A DataLoader taking
+    `batch_size` indices at a time then pads each batch to a similar length; the order depends
+    only on (seed, epoch), like `EpochSeededSampler`, so resumed runs see the same batches.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int | None = None,
+                 pool: int = 50) -> None:
+        super().__init__(len(lengths), seed)
+        self.lengths = torch.as_tensor(list(lengths))
+        self.batch_size, self.pool = int(batch_size), int(pool)
+
+    def epoch_order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.n, generator=g)
+        result = []
+        for start in range(0, self.n, self.batch_size * self.pool):
+            chunk = order[start : start + self.batch_size * self.pool]
+            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
+            batches = list(chunk.split(self.batch_size))
+            for i in torch.randperm(len(batches), generator=g).tolist():
+                result.extend(batches[i].tolist())
+        return result

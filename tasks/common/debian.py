@@ -8,6 +8,9 @@ source file:
     <data_dir>/records.jsonl     {"package", "family", "split", "synopsis", "paragraphs"}
     <data_dir>/manifest.json     source files (name, bytes, sha256), counts, split fractions
 
+`fetch(data_dir, language)` fetches the descriptions of another language the same way
+(Translation-de for the mt task, into its own data dir).
+
 Records are split train/val/test by a stable hash of the package *family* (libfoo1, libfoo-dev,
 foo-doc and python3-foo share one), so near-identical descriptions of related packages do not leak
 across splits.
@@ -113,9 +116,14 @@ def parse_translation(lines: Iterable[str]) -> Iterator[DescriptionRecord]:
 
 def read_translation_file(path: str | Path) -> list[DescriptionRecord]:
     """Read one Translation-en file, compressed (.lz4/.gz/.xz, as apt stores it) or plain."""
+    return list(parse_translation(read_index_text(path).splitlines()))
+
+
+def read_index_text(path: str | Path) -> str:
+    """The text of one apt index file (Translation-en, Packages), compressed as apt stores it or plain."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"Debian description file {path} does not exist; run `make data`")
+        raise DataError(f"Debian index file {path} does not exist; run `make data`")
     if path.suffix in (".lz4", ".gz", ".xz", ".bz2", ".zst", ".lzma"):
         if not Path(APT_HELPER).exists():
             raise DataError(
@@ -131,10 +139,8 @@ def read_translation_file(path: str | Path) -> list[DescriptionRecord]:
                 f"`apt-helper cat-file {path}` failed ({proc.stderr.strip()}); the file looks "
                 f"corrupt: delete it and run `make data` again"
             )
-        text = proc.stdout
-    else:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    return list(parse_translation(text.splitlines()))
+        return proc.stdout
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,21 +208,26 @@ def split_of(family: str, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> str
     return SPLITS[-1]
 
 
-def unique_paragraphs(rows: Iterable[dict]) -> dict[str, list[str]]:
-    """Distinct paragraphs per split, each paragraph in exactly one split.
+def paragraph_owners(rows: Iterable[dict]) -> dict[str, tuple[str, str]]:
+    """paragraph -> (family, split) of the one family that owns it.
 
-    Related packages often repeat a paragraph; a paragraph shared by families of different
-    splits goes to the split of the smallest family key that has it, so no text appears in two
-    splits. `rows` are prepared records (dicts with "family", "split", "paragraphs").
+    Related packages often repeat a paragraph; a paragraph shared by several families goes to the
+    smallest family key that has it, so no text appears in two splits. `rows` are prepared
+    records (dicts with "family", "split", "paragraphs"); the dict keeps first-seen order.
     """
-    owner: dict[str, tuple[str, str]] = {}  # paragraph -> (family, split)
+    owner: dict[str, tuple[str, str]] = {}
     for row in rows:
         for paragraph in row["paragraphs"]:
             seen = owner.get(paragraph)
             if seen is None or row["family"] < seen[0]:
                 owner[paragraph] = (row["family"], row["split"])
+    return owner
+
+
+def unique_paragraphs(rows: Iterable[dict]) -> dict[str, list[str]]:
+    """Distinct paragraphs per split, each paragraph in exactly one split (see paragraph_owners)."""
     result: dict[str, list[str]] = {name: [] for name in SPLITS}
-    for paragraph, (_, split) in owner.items():  # dicts keep first-seen order: deterministic
+    for paragraph, (_, split) in paragraph_owners(rows).items():  # first-seen order: deterministic
         result[split].append(paragraph)
     return result
 
@@ -232,8 +243,14 @@ _OFFLINE_HELP = (
 )
 
 
-def apt_command(data_dir: Path) -> list[str]:
-    """`apt-get update` that writes only under data_dir and fetches only English descriptions."""
+def apt_command(data_dir: Path, language: str = "en", packages: bool = False) -> list[str]:
+    """`apt-get update` that writes only under data_dir and fetches only the descriptions in
+    `language` (Translation-<language>; the German ones for the mt task are `de`).
+
+    One language per data_dir: `apt-get update` deletes the index files it was not asked for.
+    `packages=True` also fetches the Packages indexes (section, source, Description-md5 of every
+    binary package of the machine's architecture), which the `classify` task labels with.
+    """
     data_dir = data_dir.resolve()
     return [
         "apt-get",
@@ -244,9 +261,9 @@ def apt_command(data_dir: Path) -> list[str]:
         "-o", f"Dir::Cache={data_dir / 'apt-cache'}",
         "-o", "Dir::Cache::pkgcache=",  # no binary package caches
         "-o", "Dir::Cache::srcpkgcache=",
-        "-o", "Acquire::Languages=en",
-        # Only Translation-en: the Packages indexes are not needed for descriptions.
-        "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false",
+        "-o", f"Acquire::Languages={language}",
+        # Only Translation-<language> (and Packages if asked): no other index is needed.
+        "-o", f"Acquire::IndexTargets::deb::Packages::DefaultEnabled={str(packages).lower()}",
         "-o", "Acquire::IndexTargets::deb-src::Sources::DefaultEnabled=false",
         "-o", "Acquire::http::Timeout=30",
         "-o", "Acquire::Retries=2",
@@ -265,19 +282,27 @@ def _write_private_conf(data_dir: Path) -> None:
     )
 
 
-def translation_files(data_dir: Path) -> list[Path]:
-    return sorted((Path(data_dir) / "apt-lists").glob("*Translation-en*"))
+def translation_files(data_dir: Path, language: str = "en") -> list[Path]:
+    return sorted((Path(data_dir) / "apt-lists").glob(f"*Translation-{language}*"))
 
 
-def fetch(data_dir: str | Path) -> list[Path]:
-    """Run `apt-get update` into data_dir/apt-lists; return the Translation-en files."""
+def packages_files(data_dir: Path) -> list[Path]:
+    return sorted((Path(data_dir) / "apt-lists").glob("*_Packages*"))
+
+
+def fetch(data_dir: str | Path, language: str = "en", packages: bool = False) -> list[Path]:
+    """Run `apt-get update` into data_dir/apt-lists; return the Translation-<language> files.
+
+    `packages=True`: fetch the Packages indexes too (see `apt_command`; `packages_files` lists them).
+    """
     data_dir = Path(data_dir)
     if shutil.which("apt-get") is None or not Path(APT_HELPER).exists():
         raise DataError(f"the Debian corpus needs Debian's apt-get, which this machine lacks. {_OFFLINE_HELP}")
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private_conf(data_dir)
-    cmd = apt_command(data_dir)
-    print(f"[debian] fetching English package descriptions (~7 MB) into {data_dir / 'apt-lists'}:")
+    cmd = apt_command(data_dir, language, packages)
+    what = f"Translation-{language} package descriptions" + (" and the Packages indexes (~9 MB)" if packages else "")
+    print(f"[debian] fetching {what} into {data_dir / 'apt-lists'}:")
     print("[debian]   " + " ".join(cmd), flush=True)
     start = time.time()
     try:
@@ -287,14 +312,15 @@ def fetch(data_dir: str | Path) -> list[Path]:
     for line in proc.stdout.splitlines():
         if line.startswith(("Get:", "Hit:", "Fetched", "Ign:", "Err:")):
             print(f"[debian]   {line}")
-    files = translation_files(data_dir)
-    if proc.returncode != 0 or not files:
+    files = translation_files(data_dir, language)
+    if proc.returncode != 0 or not files or (packages and not packages_files(data_dir)):
         detail = (proc.stderr.strip() or proc.stdout.strip())[-800:]
         raise DataError(
-            f"`apt-get update` could not fetch the Translation-en files (exit {proc.returncode}):\n"
+            f"`apt-get update` could not fetch the Translation-{language}{' and Packages' if packages else ''} "
+            f"files (exit {proc.returncode}):\n"
             f"{detail}\n{_OFFLINE_HELP}"
         )
-    print(f"[debian] fetched {len(files)} Translation-en files in {time.time() - start:.1f} s", flush=True)
+    print(f"[debian] fetched {len(files)} Translation-{language} files in {time.time() - start:.1f} s", flush=True)
     return files
 
 
@@ -311,7 +337,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -420,7 +446,7 @@ def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[
             f"no package descriptions found in {[str(f) for f in source_files]}; the files are "
             f"empty or not in the Translation-en format. Delete {data_dir} and run `make data` again"
         )
-    _atomic_write_text(records_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(records_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     per_split = {name: sum(r["split"] == name for r in rows) for name in SPLITS}
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -433,7 +459,7 @@ def _prepare_locked(data_dir: Path, fractions: Sequence[float], files: Sequence[
         "split_rule": "sha256(family_of(package)) -> fractions (train, val, test)",
     }
     # The manifest is written last: its presence marks the data as complete.
-    _atomic_write_text(data_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(data_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     print(f"[debian] wrote {len(rows)} records {per_split} and {data_dir / MANIFEST_FILE}", flush=True)
     return records_path
 

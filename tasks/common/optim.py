@@ -6,12 +6,13 @@ from collections.abc import Callable
 
 from torch import nn
 
-HYBRID_SUFFIX = "hybrid_logit"  # the trained logit of HNAS's u (attnlab.attention.MultiHeadAttention)
+from attnlab.attention import scheme_parameters
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, lr: float,
                      hybrid_lr: float | None = None) -> list[dict]:
-    """AdamW/LAMB groups: decayed matrices, undecayed vectors, and HNAS's u logits on their own.
+    """AdamW/LAMB groups: decayed matrices, undecayed vectors, and the normalizers' own
+    parameters (HNAS's u logits, found by type: `attnlab.attention.scheme_parameters`).
 
     No weight decay on vectors (biases, LayerNorms) nor on the u logits: decay would pull u
     towards 0.5 and bias where HNAS puts its weight.
@@ -21,9 +22,9 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float,
     logit moves < 0.3 in a 500-step CPU run (u from 0.5 to at most 0.57), while the paper's 125k
     steps allow ~100. A larger hybrid_lr gives the few mixing logits room to move in a short run.
     """
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    hybrid = [p for name, p in named if name.endswith(HYBRID_SUFFIX)]
-    rest = [p for name, p in named if not name.endswith(HYBRID_SUFFIX)]
+    hybrid = [p for _, p in scheme_parameters(model) if p.requires_grad]
+    ids = {id(p) for p in hybrid}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     groups = [
         {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},

@@ -8,16 +8,11 @@ Batches are dicts:
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytorch_lightning as pl
-import torch
-from torch.utils.data import DataLoader
-
 from attnlab.errors import ConfigError, DataError
-from attnlab.sampling import EpochSeededSampler
+from tasks.common.batching import SPLITS, STAGE_SPLITS, EncodedSplitsDataModule, pad_rows
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID, load_tokenizer
 from tasks.headline import gigaword, pairs
 from tasks.headline.example import HeadlinePair
@@ -27,35 +22,7 @@ SOURCES = ("debian", "gigaword")
 _GIGAWORD_SPLIT = {"train": "train", "val": "valid", "test": "test"}
 
 
-class LengthGroupedSampler(EpochSeededSampler):
-    """A random order in which neighbours have similar article lengths (less padding).
-
-    As HF's LengthGroupedSampler: shuffle, cut into pools of `pool` batches, sort each pool by
-    length (longest first), and shuffle the batches of the pool. A DataLoader taking
-    `batch_size` indices at a time then pads each batch to a similar length; the order depends
-    only on (seed, epoch), like `EpochSeededSampler`, so resumed runs see the same batches.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int | None = None,
-                 pool: int = 50) -> None:
-        super().__init__(len(lengths), seed)
-        self.lengths = torch.as_tensor(list(lengths))
-        self.batch_size, self.pool = int(batch_size), int(pool)
-
-    def epoch_order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.n, generator=g)
-        result = []
-        for start in range(0, self.n, self.batch_size * self.pool):
-            chunk = order[start : start + self.batch_size * self.pool]
-            chunk = chunk[torch.argsort(self.lengths[chunk], descending=True, stable=True)]
-            batches = list(chunk.split(self.batch_size))
-            for i in torch.randperm(len(batches), generator=g).tolist():
-                result.extend(batches[i].tolist())
-        return result
-
-
-class HeadlineDataModule(pl.LightningDataModule):
+class HeadlineDataModule(EncodedSplitsDataModule):
     def __init__(
         self,
         source: str = "debian",
@@ -77,7 +44,10 @@ class HeadlineDataModule(pl.LightningDataModule):
         subset_seed: int = 0,
         output_vocab: str = "train",
     ) -> None:
-        super().__init__()
+        super().__init__(
+            collate, batch_size, eval_batch_size, num_workers,
+            {"train": max_train_examples, "val": max_val_examples, "test": max_test_examples}, subset_seed,
+        )
         if source not in SOURCES:
             raise ConfigError(f"task.datamodule.source={source!r}; use one of {', '.join(SOURCES)}")
         if source == "gigaword" and not gigaword_dir:
@@ -103,17 +73,8 @@ class HeadlineDataModule(pl.LightningDataModule):
         self.split_fractions = tuple(float(f) for f in split_fractions)
         self.max_source_length = int(max_source_length)
         self.max_target_length = int(max_target_length)
-        self.limits = {
-            "train": max_train_examples,
-            "val": max_val_examples,
-            "test": max_test_examples,
-        }
-        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
-        self.num_workers = int(num_workers)
-        self.subset_seed = int(subset_seed)
         self.output_vocab = output_vocab
         self.tokenizer = None
-        self.data: dict[str, list[dict]] = {}
 
     # -- preparation -------------------------------------------------------------------------
 
@@ -141,13 +102,10 @@ class HeadlineDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(None)  # we truncate ourselves, per side
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(
-            stage, ("train", "val", "test")
-        )
-        for split in wanted:
+        for split in STAGE_SPLITS.get(stage, SPLITS):
             if split in self.data:
                 continue
-            examples = self._subset(self.load_split(split), self.limits[split])
+            examples = self.subset(self.load_split(split), split)
             if not examples:
                 raise DataError(
                     f"the headline {split} split is empty ({self.source} data); with "
@@ -156,13 +114,6 @@ class HeadlineDataModule(pl.LightningDataModule):
                 )
             self.data[split] = self._encode(examples)
             print(f"[headline] {split}: {len(self.data[split])} pairs ({self.source})", flush=True)
-
-    def _subset(self, examples: list[HeadlinePair], limit: int | None) -> list[HeadlinePair]:
-        # Pair files are ordered by package family: a random subset, not the first N, is representative.
-        if limit is None or limit >= len(examples):
-            return examples
-        picked = sorted(random.Random(self.subset_seed).sample(range(len(examples)), int(limit)))
-        return [examples[i] for i in picked]
 
     def _ids(self, texts: list[str], max_length: int) -> list[list[int]]:
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
@@ -179,7 +130,7 @@ class HeadlineDataModule(pl.LightningDataModule):
             for s, t, e in zip(src, tgt, examples)
         ]
 
-    # -- loaders -----------------------------------------------------------------------------
+    # -- what the model needs ----------------------------------------------------------------
 
     def model_kwargs(self) -> dict:
         if self.tokenizer is None:
@@ -209,42 +160,11 @@ class HeadlineDataModule(pl.LightningDataModule):
             ids.update(example["tgt_ids"])
         return sorted(ids)
 
-    def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
-        if split not in self.data:
-            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
-        data = self.data[split]
-        return DataLoader(
-            data,
-            batch_size=batch_size,
-            # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler=LengthGroupedSampler([len(d["src_ids"]) for d in data], batch_size)
-            if shuffle else None,
-            collate_fn=collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.batch_size, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.eval_batch_size, shuffle=False)
-
-
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
 
 def collate(items: list[dict]) -> dict:
     return {
-        "src_ids": _pad([it["src_ids"] for it in items]),
-        "tgt_ids": _pad([it["tgt_ids"] for it in items]),
+        "src_ids": pad_rows([it["src_ids"] for it in items], PAD_ID),
+        "tgt_ids": pad_rows([it["tgt_ids"] for it in items], PAD_ID),
         "articles": [it["article"] for it in items],
         "headlines": [it["headline"] for it in items],
     }

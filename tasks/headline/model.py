@@ -7,9 +7,10 @@
   LayerNorm per stack: trains stably at higher learning rates from scratch), and BERT's LM-head
   transform before the tied output, so that `init=bert` can load all of them
   (see `tasks.headline.bert_init`).
-- The encoder layers use the `model=` attention spec (unas/dnas/hnas/sinkhorn); the decoder's
-  self- and cross-attention use `decoder_attention`, which must be UNAS: a query-normalized scheme
-  would leak the future (the library refuses it with ConfigError).
+- The encoder layers use the `model=` attention spec; the decoder's self- and cross-attention use
+  `spec.for_decoder(decoder_attention)`: the same scheme where it normalizes over keys (unas,
+  entmax, coda, realformer), else `decoder_attention` (UNAS): a query-normalized scheme would
+  leak the future (the library refuses it with ConfigError).
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer
+from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer, run_stack
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
-from tasks.headline.incremental import DecoderCache, PrefixCache, cacheable, layer_step, start_cache
+from tasks.common.incremental import (
+    DecoderCache,
+    PrefixCache,
+    cacheable,
+    decoder_layer_step,
+    start_cache,
+)
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -82,8 +89,8 @@ class HeadlineTransformer(nn.Module):
             raise ConfigError(
                 f"decoder attention {decoder_spec.scheme!r} normalizes over queries, which mixes "
                 f"all target positions and leaks the future into step-by-step decoding. The "
-                f"headline decoder must stay UNAS: remove task.module.decoder_attention (or set it "
-                f"to unas); model={encoder_spec.scheme} applies to the encoder only"
+                f"headline decoder must normalize over keys: remove task.module.decoder_attention "
+                f"(or set it to unas); model={encoder_spec.scheme} applies to the encoder only"
             )
         self.pad_id = pad_id
         self.d_model = d_model
@@ -109,12 +116,12 @@ class HeadlineTransformer(nn.Module):
             "layer_norm_eps": layer_norm_eps,
         }
         self.encoder_layers = nn.ModuleList(
-            TransformerEncoderLayer(spec=encoder_spec, **layer_args)
-            for _ in range(num_encoder_layers)
+            TransformerEncoderLayer(spec=encoder_spec, layer_index=i, **layer_args)
+            for i in range(num_encoder_layers)
         )
         self.decoder_layers = nn.ModuleList(
-            TransformerDecoderLayer(spec=decoder_spec, **layer_args)
-            for _ in range(num_decoder_layers)
+            TransformerDecoderLayer(spec=decoder_spec, layer_index=i, **layer_args)
+            for i in range(num_decoder_layers)
         )
         # Pre-LN stacks end with a LayerNorm (their residual stream is never normalized otherwise).
         self.encoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
@@ -164,9 +171,7 @@ class HeadlineTransformer(nn.Module):
 
     def encode(self, src_ids: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         x = self.encoder_embeddings(src_ids)
-        for layer in self.encoder_layers:
-            x = layer(x, key_padding_mask=src_padding_mask)
-        return self.encoder_norm(x)
+        return self.encoder_norm(run_stack(self.encoder_layers, x, src_padding_mask))
 
     def decode(
         self,
@@ -207,13 +212,8 @@ class HeadlineTransformer(nn.Module):
     ) -> Tensor:
         """Decoder states (B, T, D), before the LM head."""
         y = self.decoder_embeddings(tgt_ids)
-        for layer in self.decoder_layers:
-            y = layer(
-                y,
-                memory,
-                tgt_key_padding_mask=tgt_padding_mask,
-                memory_key_padding_mask=memory_padding_mask,
-            )
+        y = run_stack(self.decoder_layers, y, memory, tgt_key_padding_mask=tgt_padding_mask,
+                      memory_key_padding_mask=memory_padding_mask)
         return self.decoder_norm(y)
 
     def start_decoding(
@@ -244,7 +244,7 @@ class HeadlineTransformer(nn.Module):
         y = emb.word(token_ids) + emb.position.weight[position]
         y = emb.dropout(emb.norm(y))[:, None]
         for index, layer in enumerate(self.decoder_layers):
-            y = layer_step(layer, y, cache, index)
+            y = decoder_layer_step(layer, y, cache, index)
         cache.length += 1
         return self.decoder_norm(y[:, 0])
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,9 +21,10 @@ from torch import Tensor
 
 from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
+from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 from tasks.common.optim import parameter_groups, warmup_linear_decay
+from tasks.common.predictions import write_predictions
 from tasks.headline.baseline import lead
-from tasks.headline.decoding import beam_search, greedy_decode, strip_generated
 from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
 
@@ -186,11 +186,6 @@ class HeadlineModule(pl.LightningModule):
             for key in ROUGE_KEYS:
                 self.log(f"val/{key}", scores[key], prog_bar=key == "rougeL")
             self.val_rouge.reset()
-        # u of each HNAS encoder layer (mean over heads), to follow its drift during training.
-        for index, layer in enumerate(self.model.encoder_layers):
-            u = layer.self_attn.hybrid_u
-            if u is not None:
-                self.log(f"u/encoder_layer{index}", u.mean())
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         hp = self.hparams
@@ -232,14 +227,7 @@ class HeadlineModule(pl.LightningModule):
         return Path(self.trainer.default_root_dir) / name
 
     def write_predictions(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8", newline="") as out:
-            writer = csv.writer(out, delimiter="\t", quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
-            writer.writerow(["source", "reference", "prediction"])
-            for row in self._predictions:
-                writer.writerow(
-                    [" ".join(text.split()) for text in row]
-                )  # no tabs or newlines inside
+        write_predictions(path, self._predictions, header=("source", "reference", "prediction"))
         print(f"[headline] wrote {len(self._predictions)} test predictions to {path}", flush=True)
 
     # -- optimization ------------------------------------------------------------------------

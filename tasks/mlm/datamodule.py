@@ -12,11 +12,7 @@ epoch masks the training text anew, the same way on every rerun; val/test always
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +22,11 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.caches import read_npz
-from attnlab.errors import ConfigError, DataError, require_file
+from attnlab.errors import ConfigError, DataError
 from attnlab.sampling import EpochSeededSampler
 from tasks.common import bert_assets, debian
+from tasks.common.cache import cache_path, load_arrays, save_arrays
+from tasks.common.plain_text import check_files, read_plain_text, split_plain_paragraphs
 from tasks.mlm.masking import IGNORE, MaskingConfig, example_rng, mask_example
 
 
@@ -127,28 +124,6 @@ def pad_collate(pad_id: int):
     return collate
 
 
-def read_plain_text(files: Sequence[str | Path]) -> list[str]:
-    """Paragraphs (blocks separated by blank lines, lines joined) of UTF-8 text files."""
-    paragraphs = []
-    for name in files:
-        path = require_file(name, "task.data.files", example="task.data.files=[corpus/a.txt]")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        for block in re.split(r"\n\s*\n", text):
-            paragraph = " ".join(block.split())
-            if paragraph:
-                paragraphs.append(paragraph)
-    return paragraphs
-
-
-def split_plain_paragraphs(paragraphs: Sequence[str], fractions: Sequence[float]) -> dict[str, list[str]]:
-    """Split plain-text paragraphs by a stable hash of their text (duplicates stay together)."""
-    result: dict[str, list[str]] = {name: [] for name in debian.SPLITS}
-    for paragraph in dict.fromkeys(paragraphs):  # distinct, in order
-        key = hashlib.sha256(paragraph.encode("utf-8")).hexdigest()
-        result[debian.split_of(key, fractions)].append(paragraph)
-    return result
-
-
 class MLMDataModule(pl.LightningDataModule):
     def __init__(
         self,
@@ -182,8 +157,7 @@ class MLMDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.files:  # user text: nothing to fetch, but say early if a file is missing
-            for name in self.files:
-                require_file(name, "task.data.files", example="task.data.files=[corpus/a.txt]")
+            check_files(self.files)
             return
         debian.prepare(self.data_dir)
 
@@ -228,8 +202,7 @@ class MLMDataModule(pl.LightningDataModule):
             "max_length": hp.max_length, "pack": hp.pack, "min_words": hp.min_words, "fractions": self.fractions,
             "version": 1,
         }
-        key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:16]
-        return self.data_dir / "cache" / f"mlm-{key}.npz"
+        return cache_path(self.data_dir / "cache", "mlm", key_parts)
 
     def _tokenize(self, paragraphs: list[str]) -> PackedText:
         encoded = self.tokenizer.encode_batch(paragraphs, add_special_tokens=False)
@@ -238,7 +211,7 @@ class MLMDataModule(pl.LightningDataModule):
 
     def _load_splits(self) -> dict[str, PackedText]:
         cache = self._cache_path()
-        arrays = read_npz(cache) if cache is not None else None  # None: absent or damaged (rebuilt)
+        arrays = load_arrays(cache)
         if arrays is not None:
             return {split: PackedText(arrays[f"{split}_ids"], arrays[f"{split}_word_ids"],
                                       arrays[f"{split}_offsets"]) for split in debian.SPLITS}
@@ -260,11 +233,7 @@ class MLMDataModule(pl.LightningDataModule):
         if cache is not None:
             arrays = {f"{split}_{name}": getattr(text, name) for split, text in texts.items()
                       for name in ("ids", "word_ids", "offsets")}
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, cache)  # atomic: a crash or a parallel job never leaves a half-written cache
+            save_arrays(cache, arrays)
             print(f"[mlm] cached the tokenized corpus in {cache}")
         return texts
 

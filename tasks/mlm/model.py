@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import AttentionSpec, TransformerEncoderLayer
+from attnlab.attention import (
+    AttentionSpec,
+    LogitTransform,
+    Normalizer,
+    TransformerEncoderLayer,
+    run_stack,
+    scheme_parameters,
+)
 from attnlab.errors import ConfigError
 
 
@@ -56,8 +63,9 @@ class BertEncoder(nn.Module):
                                          dropout, layer_norm_eps, pad_id)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, spec=spec, activation="gelu",
-                                    norm_first=norm_first, layer_norm_eps=layer_norm_eps, attn_dropout=attn_dropout)
-            for _ in range(num_layers)
+                                    norm_first=norm_first, layer_norm_eps=layer_norm_eps, attn_dropout=attn_dropout,
+                                    layer_index=i)
+            for i in range(num_layers)
         )
         # Pre-LN layers leave the residual stream unnormalized: one LayerNorm after the stack.
         self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
@@ -68,9 +76,7 @@ class BertEncoder(nn.Module):
         if padding_mask is None:
             padding_mask = input_ids == self.pad_id
         x = self.embeddings(input_ids, token_type_ids)
-        for layer in self.layers:
-            x = layer(x, key_padding_mask=padding_mask)
-        return self.final_norm(x)
+        return self.final_norm(run_stack(self.layers, x, padding_mask))
 
 
 class MLMHead(nn.Module):
@@ -169,8 +175,9 @@ def bert_key_to_ours(key: str) -> str | None:
 def load_bert_weights(model: BertForMLM, state_dict: dict[str, Tensor]) -> list[str]:
     """Copy a HF BERT state dict into `model`. Returns our parameter names left at their init.
 
-    Every encoder parameter must be covered (except HNAS's `hybrid_logit`, which BERT lacks);
-    the MLM head is taken when the checkpoint has one. Shapes must match exactly.
+    Every encoder parameter must be covered, except the attention schemes' own parameters (HNAS's
+    u, CODA's head MLPs: BERT has none); the MLM head is taken when the checkpoint has one.
+    Shapes must match exactly.
     """
     ours = model.state_dict()
     loaded = {}
@@ -188,8 +195,8 @@ def load_bert_weights(model: BertForMLM, state_dict: dict[str, Tensor]) -> list[
         loaded[name] = value
     if "encoder.embeddings.word_embeddings.weight" in loaded:  # the decoder is tied to it
         loaded["head.word_embeddings.weight"] = loaded["encoder.embeddings.word_embeddings.weight"]
-    missing = [n for n in ours if n not in loaded and not n.startswith("head.")
-               and not n.endswith("hybrid_logit") and ".cascade_mixer." not in n]
+    schemes = {n for kind in (Normalizer, LogitTransform) for n, _ in scheme_parameters(model, kind)}
+    missing = [n for n in ours if n not in loaded and not n.startswith("head.") and n not in schemes]
     if missing:
         raise ConfigError(f"the BERT checkpoint lacks {len(missing)} encoder weights, e.g. {missing[:3]}")
     model.load_state_dict(loaded, strict=False)

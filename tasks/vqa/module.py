@@ -13,7 +13,8 @@ benchmark, yes_no/number/other on VQA-v2). On the synthetic benchmark also:
   `sum_i w_ij < 1e-8`), `test/min_col_sum_x_S_l{l}` (>= 1 under the DNAS lemma), and per kind
   of box (`background`, `visible`: an object the primary view also sees, `hidden`: an object
   only secondary views see) `test/explained_away_<kind>_l{l}` and `test/col_sum_<kind>_l{l}`
-  (mean total weight). The weights are materialized only in testing.
+  (mean total weight). The weights are materialized only in testing (`record_attention`
+  around every test batch's forward; attnlab.attention.ColumnStats aggregates them).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention import AttentionSpec
-from tasks.vqa.metric import ColumnSumStats, VQAAccuracy
+from attnlab.attention import AttentionSpec, ColumnStats, record_attention
+from tasks.vqa.metric import VQAAccuracy
 from tasks.vqa.model import VQAModel
 from tasks.vqa.synthetic import BOX_KINDS
 
@@ -89,7 +90,7 @@ class VQAModule(pl.LightningModule):
         self.test_visibility = VQAAccuracy(VISIBILITY)
         fusion_layers = len(self.model.fusion.attention) if fusion == "attention" else 0
         self.test_columns = torch.nn.ModuleList(
-            ColumnSumStats(BOX_KINDS) for _ in range(fusion_layers)
+            ColumnStats(BOX_KINDS) for _ in range(fusion_layers)
         )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -107,9 +108,10 @@ class VQAModule(pl.LightningModule):
         return loss
 
     def _evaluate(
-        self, batch: dict[str, torch.Tensor], metric: VQAAccuracy, visibility: VQAAccuracy
+        self, batch: dict[str, torch.Tensor], metric: VQAAccuracy, visibility: VQAAccuracy,
+        logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        logits = self(batch)
+        logits = self(batch) if logits is None else logits
         predicted = logits.argmax(dim=1)
         metric.update(predicted, batch["scores"], batch["question_type"])
         if "hidden" in batch:
@@ -123,21 +125,16 @@ class VQAModule(pl.LightningModule):
     def _fusion_layers(self) -> list:
         return list(self.model.fusion.attention) if self.model.fusion_mode == "attention" else []
 
-    def on_test_epoch_start(self) -> None:
-        for layer in self._fusion_layers():
-            layer.record = True
-
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_acc, self.test_visibility)
-        fusion = self.model.fusion if self.model.fusion_mode == "attention" else None
-        for stats, layer, view in zip(
-            self.test_columns, self._fusion_layers(), fusion.secondary_views if fusion else []
-        ):
-            recorded, layer.recorded = layer.recorded, None
-            if recorded is None:  # an analysis callback took it first
-                continue
+        layers = self._fusion_layers()
+        with record_attention(layers) as recorder:  # every test batch, whatever callbacks record
+            logits = self(batch)
+        self._evaluate(batch, self.test_acc, self.test_visibility, logits)
+        views = self.model.fusion.secondary_views if layers else []
+        for l, (stats, view) in enumerate(zip(self.test_columns, views)):
+            record = recorder.records[str(l)]
             box_kind = batch["box_kind"][:, view] if "box_kind" in batch else None
-            stats.update(recorded["column_sums"], recorded["key_padding_mask"], box_kind)
+            stats.update(record.column_sums, record.key_padding_mask, record.query_padding_mask, box_kind)
 
     def _log_accuracy(self, stage: str, metric: VQAAccuracy, overall: bool = True) -> None:
         # compute() is already reduced over DDP processes; types without questions (NaN) are
@@ -154,8 +151,6 @@ class VQAModule(pl.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_accuracy("test", self.test_acc)
         self._log_accuracy("test", self.test_visibility, overall=False)
-        for layer in self._fusion_layers():
-            layer.record = False
         for l, stats in enumerate(self.test_columns):
             for name, value in stats.compute().items():
                 if not torch.isnan(value):

@@ -54,8 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.caches import read_npz
 from attnlab.errors import ConfigError, DataError
+from tasks.common.cache import load_arrays
 
 # Bump when the generator's output changes for the same parameters, so old caches are not reused.
 GENERATOR_VERSION = 6
@@ -197,7 +197,7 @@ def prepare(data_dir: str | os.PathLike, params: SyntheticParams) -> Path:
 
 def load_or_rebuild(data_dir: str | os.PathLike, params: SyntheticParams) -> dict[str, np.ndarray]:
     """The cached data set, generated first if needed; a damaged cache is generated again."""
-    arrays = read_npz(prepare(data_dir, params))
+    arrays = load_arrays(prepare(data_dir, params))
     return arrays if arrays is not None else load(prepare(data_dir, params))
 
 

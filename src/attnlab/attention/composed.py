@@ -1,13 +1,13 @@
 """Attention for unas / dnas / hnas composed from ATen's CPU flash-attention kernel: never
 materializes S_q x S_k (forward or backward).
 
-`unas_flash` is what `attend` always uses for UNAS. For DNAS / HNAS this module is the fallback
-where the fused kernel (`fused.py`) cannot be built; it is exact, but each of its passes
+For DNAS / HNAS this module is the fallback path where the fused kernel (`fused.py`) cannot be
+built; it is exact, but each of its passes
 recomputes the scores, so it is slower (measured in bench/attention.py: method *_composed).
 
 Everything runs on one CPU kernel, `aten._scaled_dot_product_flash_attention_for_cpu` (flash
 attention; it returns the output and the row log-sum-exp) and its backward. Facts used
-(/work/shared/notes/cpu-attention-facts.md): the kernel takes an additive float mask, broadcast
+(measured with torch 2.13; bench/attention.py): the kernel takes an additive float mask, broadcast
 over queries when it is a contiguous (B, H, 1, S_k) tensor; q, k, v must share one head size;
 its backward returns gradients of q, k, v only.
 
@@ -252,16 +252,6 @@ class _QueryNormalized(torch.autograd.Function):
                 return gq, gk, gv, grad_u, None, None, None, None
             dq[s], dk[s], dv[s] = gq, gk, gv
         return dq, dk, dv, grad_u, None, None, None, None
-
-
-def unas_flash(q, k, v, key_padding_mask=None, query_padding_mask=None, causal=False) -> Tensor:
-    """Standard attention on the flash kernel (its autograd is built in); zero rows for padded
-    queries; a row whose keys are all padded gives zeros (the kernel's convention)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    out, _ = _flash_any(q, k, v, padding_bias(key_padding_mask, q.dtype), scale, causal)
-    if query_padding_mask is not None:
-        out = out.masked_fill(query_padding_mask[:, None, :, None], 0.0)
-    return out
 
 
 def dnas_flash(q, k, v, key_padding_mask=None, query_padding_mask=None) -> Tensor:

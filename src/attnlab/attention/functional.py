@@ -1,92 +1,37 @@
-"""The public functional API: `attend` (fused, never S x S for unas/dnas/hnas) and
-`attention_weights` (materialized, for analysis and tests).
+"""The public functional API, string in: `attend` (fast paths, never S x S where one serves),
+`attention_weights` (materialized, for analysis and tests) and `reference_attend` (the exact
+materialized computation, for tests and benchmarks).
 
-Which implementation `attend` runs:
-- unas: ATen's CPU flash kernel (`composed.unas_flash`);
-- dnas / hnas (and sinkhorn with n_iter=1): the fused CPU kernel (`fused.py`), or where it cannot
-  be built, the composed flash path (`composed.py`);
-- sinkhorn with n_iter > 1, attention dropout in training, and non-CPU devices: the exact
-  materialized reference (`reference.py`).
+`scheme` names a registered normalizer (attention/schemes/); `**scheme_args` are its options
+(e.g. `n_iter=5` for sinkhorn, `alpha=2` for entmax) and inputs (`u` for hnas). Arguments that only
+other registered schemes take are ignored, so one call pattern serves every scheme; unknown ones
+are an error. Which path `attend` runs is the scheme's own choice (its `fast_paths`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from attnlab.attention import composed, fused, reference
-from attnlab.attention.spec import QUERY_NORMALIZED, SCHEMES
+from attnlab.attention.schemes import Normalizer, build_options, known_keys, normalizer_class
+from attnlab.attention.schemes.base import option_names
 from attnlab.errors import ConfigError
 
 
-def check_causal(scheme: str, causal: bool) -> None:
-    if causal and scheme in QUERY_NORMALIZED:
-        raise ConfigError(
-            f"causal attention with scheme={scheme!r} is not allowed: {scheme} normalizes every key "
-            f"column over all queries, so each position's weights depend on future positions "
-            f"(it leaks the future and breaks step-by-step decoding). Decoders must use "
-            f"scheme='unas' (use model=unas for decoder attention; tasks keep their decoder UNAS)."
-        )
-
-
-def _check_mask(mask: Tensor | None, name: str, batch: int, length: int) -> None:
-    if mask is None:
-        return
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise ConfigError(
-            f"{name} must be a bool tensor (True = padding), got {got}; "
-            f"pass e.g. `token_ids == pad_id`"
-        )
-    if tuple(mask.shape) != (batch, length):
-        raise ConfigError(
-            f"{name} has shape {tuple(mask.shape)} but the attention inputs need (B, S) = "
-            f"{(batch, length)} (True = padding)"
-        )
-
-
-def validate(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor | None,
-    scheme: str,
-    key_padding_mask: Tensor | None,
-    query_padding_mask: Tensor | None,
-    u: Tensor | float | None,
-    n_iter: int,
-    causal: bool,
-) -> None:
-    """One clear error per kind of bad input (shapes, masks, scheme options, causal guard)."""
-    if scheme not in SCHEMES:
-        raise ConfigError(f"unknown attention scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    tensors = {"q": q, "k": k} if v is None else {"q": q, "k": k, "v": v}
-    for name, t in tensors.items():
-        if t.dim() != 4:
-            raise ConfigError(
-                f"{name} must be 4-D (B, H, S, d), got shape {tuple(t.shape)}; "
-                f"split heads before calling attend"
-            )
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ConfigError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B, H and head size d"
-        )
-    if v is not None and (v.shape[:2] != k.shape[:2] or v.shape[-2] != k.shape[-2]):
-        raise ConfigError(f"v {tuple(v.shape)} must match k {tuple(k.shape)} in B, H and S_k")
-    batch = q.shape[0]
-    _check_mask(key_padding_mask, "key_padding_mask", batch, k.shape[-2])
-    _check_mask(query_padding_mask, "query_padding_mask", batch, q.shape[-2])
-    if scheme == "hnas" and u is None:
-        raise ConfigError("scheme='hnas' needs u (the weight of DNAS, broadcastable to (B, H, 1, 1))")
-    if scheme == "sinkhorn" and int(n_iter) < 1:
-        raise ConfigError(f"n_iter={n_iter} must be >= 1 (1 equals dnas)")
-    check_causal(scheme, causal)
-
-
-def _as_u(u: Tensor | float | None, like: Tensor) -> Tensor | None:
-    if u is None:
-        return None
-    u = torch.as_tensor(u, device=like.device)
-    return u if u.is_floating_point() else u.float()
+def normalizer(scheme: str, **scheme_args: Any) -> tuple[Normalizer, dict[str, Any]]:
+    """The registered normalizer `scheme` built with its options from `scheme_args`, and the
+    inputs it takes from them (e.g. {"u": ...})."""
+    cls = normalizer_class(scheme)
+    unknown = sorted(set(scheme_args) - known_keys())
+    if unknown:
+        raise ConfigError(f"attention scheme {scheme!r} got unknown argument(s) {', '.join(unknown)}; "
+                          f"its options are {', '.join(option_names(cls.Options)) or 'none'} and its "
+                          f"inputs {', '.join(cls.input_names) or 'none'}")
+    options = {k: v for k, v in scheme_args.items() if k in option_names(cls.Options)}
+    inputs = {k: v for k, v in scheme_args.items() if k in cls.input_names and v is not None}
+    return cls(build_options(cls.name, cls.Options, options)), inputs
 
 
 def attend(
@@ -96,40 +41,42 @@ def attend(
     scheme: str = "unas",
     key_padding_mask: Tensor | None = None,
     query_padding_mask: Tensor | None = None,
-    u: Tensor | float | None = None,
-    n_iter: int = 1,
     causal: bool = False,
     dropout_p: float = 0.0,
+    **scheme_args: Any,
 ) -> Tensor:
     """Attention output (B, H, S_q, d_v) for `scheme`; see docs/architecture.md.
 
-    unas/dnas/hnas (and sinkhorn with n_iter=1, which is dnas) never materialize S_q x S_k when
-    dropout_p == 0; Sinkhorn with n_iter > 1 uses the materialized reference. `dropout_p` drops
-    attention weights (training only; the caller passes 0 in eval).
+    q (B, H, S_q, d), k (B, H, S_k, d), v (B, H, S_k, d_v); masks bool (B, S), True = padding.
+    `dropout_p` drops attention weights (training only; callers pass 0 in eval).
     """
-    validate(q, k, v, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal)
-    if scheme == "sinkhorn" and int(n_iter) == 1:
-        scheme = "dnas"
-    u = _as_u(u, q)
-    if scheme == "sinkhorn" or dropout_p > 0.0 or q.device.type != "cpu":
-        # no fused kernel does dropout or many Sinkhorn rounds: exact, O(S^2) memory
-        return reference.reference_attend(
-            q, k, v, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal, dropout_p
-        )
-    out_dtype = reference.output_dtype(v)
-    dtype = reference.compute_dtype(q)  # float32 (float64 stays) even under autocast
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = (x.to(dtype) for x in (q, k, v))
-        u = u.to(dtype) if scheme == "hnas" else None  # dnas / unas ignore a given u
-        if scheme == "unas":
-            out = composed.unas_flash(q, k, v, key_padding_mask, query_padding_mask, causal)
-        elif fused.load():
-            out = fused.query_normalized_attend(q, k, v, u, key_padding_mask, query_padding_mask)
-        elif scheme == "dnas":
-            out = composed.dnas_flash(q, k, v, key_padding_mask, query_padding_mask)
-        else:
-            out = composed.hnas_flash(q, k, v, u, key_padding_mask, query_padding_mask)
-    return out.to(out_dtype)
+    norm, inputs = normalizer(scheme, **scheme_args)
+    return norm.attend(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p, **inputs)
+
+
+def reference_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: str = "unas",
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    **scheme_args: Any,
+) -> Tensor:
+    """`attend` on the scheme's materialized reference, whatever fast paths it has."""
+    norm, inputs = normalizer(scheme, **scheme_args)
+    call = norm.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p, **inputs)
+    return norm.reference(call)
+
+
+def route(scheme: str, device: str, dtype: torch.dtype, dropout_p: float = 0.0, causal: bool = False,
+          **scheme_args: Any) -> list[str]:
+    """The paths that would serve `scheme` on `device` in `dtype` with these options, best first,
+    ending with "reference" (e.g. route("hnas", "cuda", torch.bfloat16, 0.1) -> ["triton", ...])."""
+    norm, _ = normalizer(scheme, **scheme_args)
+    return norm.route(device, dtype, dropout_p, causal)
 
 
 def attention_weights(
@@ -138,16 +85,13 @@ def attention_weights(
     scheme: str = "unas",
     key_padding_mask: Tensor | None = None,
     query_padding_mask: Tensor | None = None,
-    u: Tensor | float | None = None,
-    n_iter: int = 1,
     causal: bool = False,
+    **scheme_args: Any,
 ) -> Tensor:
     """Materialized weights (B, H, S_q, S_k), float32 (float64 for float64 input).
 
     Padded keys and padded queries get weight 0; valid rows sum to 1 (unless every key of the
     row is padded, then the row is 0).
     """
-    validate(q, k, None, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal)
-    return reference.reference_weights(
-        q, k, scheme, key_padding_mask, query_padding_mask, _as_u(u, q), n_iter, causal
-    )
+    norm, inputs = normalizer(scheme, **scheme_args)
+    return norm.attention_weights(q, k, key_padding_mask, query_padding_mask, causal, **inputs)

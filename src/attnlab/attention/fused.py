@@ -1,14 +1,18 @@
-"""The fused DNAS / HNAS CPU kernel (`csrc/query_normalized.cpp`): build, load, autograd.
+"""The fused DNAS / HNAS (and UNAS) CPU kernel (`csrc/query_normalized.cpp`): build, load, autograd.
 
 The kernel computes the column log-sum-exp, both normalizations and the output in one pass over
 blocks of queries, and the exact gradient (including the part through the column sums) in two,
 never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math.
+Attention dropout runs inside it: a counter-based keep mask (kernels/dropout.py) that the
+backward regenerates from the saved seed. UNAS uses it where ATen's flash kernel does not serve
+(dropout; scores too large for it), see kernels/__init__.py.
 
 It is compiled on first use with the machine's C++ compiler (about 15 s; `make install` does it
 ahead of time) into a cache directory keyed by the source, the torch version and the CPU's
 instruction set, and loaded with `torch.ops.load_library`. Where it cannot be built (no
-compiler) `attend` warns once and falls back to the composed flash-kernel path in
-`efficient.py`, which is exact too but slower. `ATTNLAB_FUSED_KERNEL=0` turns the kernel off.
+compiler) it warns once, its fast path (attnlab.attention.paths) declines, and DNAS/HNAS run on
+the composed flash-kernel path in `composed.py`, which is exact too but slower.
+`ATTNLAB_FUSED_KERNEL=0` turns the kernel off.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
+HEADERS = (SOURCE.with_name("rows.h"),)
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.
@@ -41,9 +46,12 @@ def _flags() -> list[str]:
 
 
 def build_dir() -> Path:
-    """Where the compiled kernel lives: one folder per source, torch version and CPU ISA."""
+    """Where the compiled kernel lives: one folder per source (text and path), torch version and CPU ISA."""
     flags = _flags()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    # the sources' path too: ninja rebuilds when the same build dir is asked for from another
+    # checkout (its build.ninja names the source by path), so each checkout keeps its own
+    sources = b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
+    key = hashlib.sha256(sources + " ".join(flags).encode() + str(SOURCE).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__.split('+')[0]}-{torch.backends.cpu.get_cpu_capability()}-{key}"
     root = os.environ.get("ATTNLAB_KERNEL_CACHE") or Path.home() / ".cache" / "attnlab" / "kernels"
     return Path(root) / tag
@@ -81,33 +89,50 @@ def load() -> bool:
         return False
 
 
-class _QueryNormalizedAttention(torch.autograd.Function):
-    """DNAS (u None) or HNAS output of the fused kernel; backward through the same kernel."""
+class _FusedAttention(torch.autograd.Function):
+    """UNAS (column=False), DNAS (u None) or HNAS output of the fused kernel, with attention
+    dropout from a seed (the backward regenerates the mask) or an explicit keep mask (tests)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask):
+    def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed,
+                keep_mask):
         u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
         u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
         out, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
-            q, k, v, u_bh, key_padding_mask, query_padding_mask
+            q, k, v, u_bh, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask
         )
         # DNAS's backward reads g_i . out_i from the output (HNAS computes both branches' instead)
         ctx.save_for_backward(q, k, v, out if u is None else None, u_bh, c, rd, ru,
-                              key_padding_mask, query_padding_mask)
+                              key_padding_mask, query_padding_mask, keep_mask)
         ctx.u_shape = None if u is None else u.shape
+        ctx.options = (column, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask = ctx.saved_tensors
+        q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask, keep_mask = (
+            ctx.saved_tensors
+        )
         out = q.new_empty(0) if out is None else out
         dq, dk, dv, du = torch.ops.attnlab.query_normalized_backward(
-            grad.to(q.dtype), q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask
+            grad.to(q.dtype), q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask,
+            *ctx.options, keep_mask,
         )
         grad_u = None
         if ctx.u_shape is not None and ctx.needs_input_grad[3]:
             grad_u = du[..., None, None].sum_to_size(ctx.u_shape)
-        return dq, dk, dv, grad_u, None, None
+        return dq, dk, dv, grad_u, None, None, None, None, None, None
+
+
+def _apply(q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask):
+    from attnlab.attention.kernels import dropout  # (kernels imports this module)
+
+    masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
+    dropout_p = float(dropout_p)
+    if dropout_p > 0.0 and keep_mask is None and seed is None:
+        seed = dropout.draw_seed()
+    keep_mask = None if keep_mask is None or dropout_p == 0.0 else keep_mask.contiguous()
+    return _FusedAttention.apply(q, k, v, u, *masks, column, dropout_p, int(seed or 0), keep_mask)
 
 
 def query_normalized_attend(
@@ -117,11 +142,33 @@ def query_normalized_attend(
     u: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
     query_padding_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    keep_mask: Tensor | None = None,
 ) -> Tensor:
-    """DNAS (u=None) or HNAS attention output (B, H, S_q, d_v) in q's dtype (float32/64)."""
-    masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
-    return _QueryNormalizedAttention.apply(q, k, v, u, *masks)
+    """DNAS (u=None) or HNAS attention output (B, H, S_q, d_v) in q's dtype (float32/64).
 
+    dropout_p > 0 drops the mixed weights with the counter-based mask of `seed` (drawn from
+    torch's generator when None; kernels/dropout.py), or with `keep_mask` (bool (B, H, S_q, S_k),
+    True = kept; for tests) when given.
+    """
+    return _apply(q, k, v, u, key_padding_mask, query_padding_mask, True, dropout_p, seed,
+                  keep_mask)
+
+
+def unas_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    keep_mask: Tensor | None = None,
+) -> Tensor:
+    """UNAS on the same kernel (no column pass); options as in `query_normalized_attend`."""
+    return _apply(q, k, v, None, key_padding_mask, query_padding_mask, False, dropout_p, seed,
+                  keep_mask)
 
 
 def prebuild() -> None:

@@ -1,19 +1,19 @@
-"""`MultiHeadAttention`: projections + `attend` for any scheme, HNAS mix `u`, optional recording."""
+"""`MultiHeadAttention`: projections around the spec's scheme (a normalizer, optionally after a
+logit transform), cascade logits passed explicitly, recording on request."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import cascade
-from attnlab.attention.functional import attend, attention_weights
+from attnlab.attention.recording import AttentionRecord
+from attnlab.attention.reference import masked_logits, valid_mask
+from attnlab.attention.schemes import apply_weights
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
-# u is kept away from exactly 0 or 1 so that its logit (the trained parameter) stays finite.
-_U_CLAMP = 1e-4
+# parameter names of checkpoints written before the schemes owned their parameters
+_RENAMED = {"hybrid_logit": "normalizer.hybrid_logit", "cascade_mixer.": "transform.mixer."}
 
 
 class MultiHeadAttention(nn.Module):
@@ -25,11 +25,13 @@ class MultiHeadAttention(nn.Module):
     `project_values=False` attends over the raw `value` features (no v_proj, no out_proj): the
     heads split vdim and the output has vdim features.
 
-    Attention dropout (training only) drops attention weights; for hnas each scheme's weights
-    separately (output = u * drop(pi_dnas) V + (1-u) * drop(pi_unas) V, same mask). The CPU
-    flash kernel has no dropout, so with dropout > 0 in training attention runs on the exact
-    materialized reference (O(S^2) memory, fine for the tasks' lengths); in eval, or with
-    dropout 0, the fused path materializes nothing.
+    The scheme is `self.normalizer` (e.g. HNAS, which owns its `u`), after `self.transform` for
+    cascade schemes (CODA, RealFormer). `layer_index` is this module's position in its cascade
+    stack: from 1 on it must be given the previous layer's logits (`prev_logits`), which
+    `forward(..., return_logits=True)` returns; `attnlab.attention.run_stack` threads them.
+
+    Attention dropout (training only) drops the attention weights: inside the fused kernels for
+    unas/dnas/hnas (CPU C++, CUDA Triton/SDPA), on the materialized reference for the others.
     """
 
     def __init__(
@@ -43,15 +45,16 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         is_decoder: bool = False,
         project_values: bool = True,
+        layer_index: int = 0,
     ) -> None:
         super().__init__()
         self.spec = AttentionSpec.from_config(spec)
         if is_decoder and self.spec.normalizes_over_queries:
             raise ConfigError(
-                f"attention scheme {self.spec.scheme!r} cannot be used in a decoder: it normalizes "
-                f"over queries, which mixes all target positions and leaks the future. Use "
-                f"model=unas for decoder attention (the task keeps its decoder UNAS and applies "
-                f"{self.spec.scheme} to encoder attention only)."
+                f"attention normalization {self.spec.normalization!r} cannot be used in a decoder: "
+                f"it normalizes over queries, which mixes all target positions and leaks the "
+                f"future. Use a scheme that normalizes over keys (e.g. model=unas) for decoder "
+                f"attention; tasks apply {self.spec.normalization} to encoder attention only."
             )
         if embed_dim % num_heads:
             raise ConfigError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -63,6 +66,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = float(dropout)
         self.is_decoder = is_decoder
         self.project_values = project_values
+        self.layer_index = int(layer_index)
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
         if project_values:
@@ -78,29 +82,15 @@ class MultiHeadAttention(nn.Module):
             self.v_proj = None
             self.out_proj = None
             self.out_dim = self.vdim
-        if self.spec.normalization == "hnas":
-            n = num_heads if self.spec.hybrid_per == "head" else 1
-            u0 = min(max(self.spec.hybrid_init, _U_CLAMP), 1 - _U_CLAMP)
-            self.hybrid_logit = nn.Parameter(torch.full((n,), math.log(u0 / (1 - u0))))
-        else:
-            self.hybrid_logit = None
-        # coda / realformer: options, stack link and logits in flight (attention/cascade.py);
+        self.normalizer = self.spec.build_normalizer(num_heads)
+        self.transform = self.spec.build_transform(num_heads, receives_logits=self.layer_index > 0)
         # the role (encoder | decoder | cross) lets training rules pick stacks
-        self.cascade = cascade.make_state(self.spec)
         self.role = "decoder" if is_decoder else "encoder"
-        self.record = False
-        self.recorded: dict | None = None
+        self._recorders: list = []  # open record_attention handles (attention/recording.py)
 
     @property
     def scheme(self) -> str:
         return self.spec.scheme
-
-    @property
-    def hybrid_u(self) -> Tensor | None:
-        """u per head, detached, shape (H,), in [0, 1]; None if this module is not HNAS."""
-        if self.hybrid_logit is None:
-            return None
-        return torch.sigmoid(self.hybrid_logit.detach()).expand(self.num_heads).clone()
 
     def _split(self, x: Tensor) -> Tensor:
         b, s, e = x.shape
@@ -114,7 +104,11 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         query_padding_mask: Tensor | None = None,
         causal: bool = False,
-    ) -> Tensor:
+        prev_logits: Tensor | None = None,
+        return_logits: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """Output (B, S_q, out_dim); with return_logits, also the logits this module passes on to
+        the next layer of its cascade stack (None unless its scheme cascades)."""
         if key is None:  # self-attention
             key = query
             value = query if value is None else value
@@ -128,9 +122,10 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(query))
         k = self._split(self.k_proj(key))
         v = self._split(self.v_proj(value) if self.v_proj is not None else value)
-        out = self.attend_heads(q, k, v, key_padding_mask, query_padding_mask, causal)
+        out, logits = self.attend_heads(q, k, v, key_padding_mask, query_padding_mask, causal, prev_logits)
         out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
-        return self.out_proj(out) if self.out_proj is not None else out
+        out = self.out_proj(out) if self.out_proj is not None else out
+        return (out, logits) if return_logits else out
 
     def attend_heads(
         self,
@@ -140,70 +135,82 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         query_padding_mask: Tensor | None = None,
         causal: bool = False,
-    ) -> Tensor:
-        """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out.
+        prev_logits: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
+        and the logits passed on in a cascade (or None).
 
         `forward` is projections + this + out_proj; incremental decoding calls it directly with
-        cached keys/values, so every decoder-safe scheme (unas, coda, realformer) decodes step
-        by step. Recording for analysis callbacks happens here.
+        cached keys/values. Recording for analyses happens here.
         """
-        u = None
-        if self.hybrid_logit is not None:
-            u = torch.sigmoid(self.hybrid_logit).view(1, -1, 1, 1)
         dropout_p = self.dropout if self.training else 0.0
-        if self.cascade is not None:  # coda / realformer: materialized logits, see cascade.py
-            out, weights = cascade.cascade_attend(
-                self, q, k, v, key_padding_mask, query_padding_mask, causal, u, dropout_p
-            )
-            if self.record:
-                self._store(weights.detach().float(), key_padding_mask, query_padding_mask, out)
-            return out
-        out = attend(
-            q,
-            k,
-            v,
-            scheme=self.spec.scheme,
-            key_padding_mask=key_padding_mask,
-            query_padding_mask=query_padding_mask,
-            u=u,
-            n_iter=self.spec.n_iter,
-            causal=causal,
-            dropout_p=dropout_p,
-        )
-        if self.record:
-            self._record(q, k, u, key_padding_mask, query_padding_mask, causal, out)
-        return out
-
-    @torch.no_grad()
-    def _record(self, q, k, u, key_padding_mask, query_padding_mask, causal, out) -> None:
-        """Materialize this forward's weights for analysis callbacks (only when record=True)."""
-        weights = attention_weights(
-            q.detach(),
-            k.detach(),
-            scheme=self.spec.scheme,
-            key_padding_mask=key_padding_mask,
-            query_padding_mask=query_padding_mask,
-            u=None if u is None else u.detach(),
-            n_iter=self.spec.n_iter,
-            causal=causal,
-        ).float()
-        self._store(weights, key_padding_mask, query_padding_mask, out)
-
-    @torch.no_grad()
-    def _store(self, weights, key_padding_mask, query_padding_mask, out) -> None:
-        column_sums = weights.sum(dim=-2)  # (B, H, S_k): total weight each key receives
-        if key_padding_mask is not None:
-            masked = column_sums.masked_fill(key_padding_mask[:, None, :], float("inf"))
+        weights = logits = None
+        if self.transform is None:
+            if prev_logits is not None:
+                raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
+                                  f"given the logits of a previous layer")
+            out = self.normalizer(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p)
         else:
-            masked = column_sums
-        self.recorded = {
-            "weights": weights,
-            "key_padding_mask": key_padding_mask,
-            "query_padding_mask": query_padding_mask,
-            "column_sums": column_sums,
-            "min_column_sum": masked.amin(dim=-1),  # (B, H), over valid keys (inf if none)
-            "head_outputs": out.detach().float(),  # (B, H, S_q, d_v), before out_proj
-        }
+            out, weights, logits = self._cascade(q, k, v, key_padding_mask, query_padding_mask,
+                                                 causal, prev_logits, dropout_p)
+        if self._recorders:
+            self._record(q, k, key_padding_mask, query_padding_mask, causal, out, weights)
+        return out, logits
+
+    def _cascade(self, q, k, v, key_padding_mask, query_padding_mask, causal, prev_logits, dropout_p):
+        """Materialized: the transform's logits, then the normalizer's weights (float32 inside)."""
+        call = self.normalizer.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p)
+        transform = self.transform
+        if transform.receives_logits and prev_logits is None:
+            raise ConfigError(
+                f"{self.scheme}: this attention is layer {self.layer_index} of a cascade stack and "
+                f"needs the logits of the layer before it. Run the layers with "
+                f"attnlab.attention.run_stack(layers, x, ...) (or pass prev_logits=...)"
+            )
+        if prev_logits is not None and not transform.receives_logits:
+            raise ConfigError(
+                f"{self.scheme}: this attention was built as the first layer of its stack "
+                f"(layer_index={self.layer_index}) but was given a previous layer's logits; build "
+                f"layer i of a stack with layer_index=i"
+            )
+        batch, s_q, s_k = q.shape[0], q.shape[-2], k.shape[-2]
+        valid = valid_mask(batch, s_q, s_k, q.device, key_padding_mask, query_padding_mask, causal)
+        scores = masked_logits(q, k)  # float32 (float64 stays), unmasked
+        if prev_logits is not None and prev_logits.shape != scores.shape:
+            raise ConfigError(
+                f"{self.scheme}: the previous layer of this stack produced logits of shape "
+                f"{tuple(prev_logits.shape)} but this layer's are {tuple(scores.shape)}; the layers "
+                f"of a stack must attend over the same queries and keys with the same heads"
+            )
+        if valid is not None:
+            scores = scores.masked_fill(~valid, 0.0)
+            prev_logits = None if prev_logits is None else prev_logits.masked_fill(~valid, 0.0)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            z = transform(scores, prev_logits)
+            if valid is not None:
+                z = z.masked_fill(~valid, 0.0)  # finite everywhere; masked pairs never get weight
+            logits = z if valid is None else z.masked_fill(~valid, float("-inf"))
+            weights = self.normalizer.weights(logits, **call.inputs)
+            out = apply_weights(weights, v, dropout_p)
+        return out, weights, (z if transform.passes_logits else None)
+
+    @torch.no_grad()
+    def _record(self, q, k, key_padding_mask, query_padding_mask, causal, out, weights) -> None:
+        recorders = [r for r in self._recorders if r.wants(self)]
+        if not recorders:
+            return
+        if weights is None:
+            weights = self.normalizer.attention_weights(q, k, key_padding_mask, query_padding_mask, causal)
+        record = AttentionRecord(weights.detach().float(), key_padding_mask, query_padding_mask,
+                                 out.detach().float())
+        for recorder in recorders:
+            recorder.receive(self, record)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for old, new in _RENAMED.items():
+            for key in [k for k in state_dict if k.startswith(prefix + old)]:
+                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:

@@ -1,11 +1,9 @@
-"""Plain, materialized attention weights for every scheme (the ground truth for tests).
+"""The math that the schemes' materialized references share: masked logits and log-space
+normalization.
 
 Everything is computed in float32 (or float64 when the inputs are float64) in log space, with
 masks on both sides. Masked entries are -inf logits; a row or column with no valid entry is
 normalized against 0 instead of -inf so that it yields zeros (and zero gradients), never NaN.
-
-`reference_weights` materializes (B, H, S_q, S_k); `attend` uses it only for Sinkhorn and as
-the fallback where no fused kernel applies, and `attention_weights` always uses it.
 """
 
 from __future__ import annotations
@@ -87,52 +85,6 @@ def sinkhorn_log_weights(logits: Tensor, n_iter: int) -> Tensor:
         log_w = safe_log_normalize(log_w, dim=-2)  # columns: over queries i
         log_w = safe_log_normalize(log_w, dim=-1)  # rows: over keys j
     return log_w
-
-
-def reference_weights(
-    q: Tensor,
-    k: Tensor,
-    scheme: str = "unas",
-    key_padding_mask: Tensor | None = None,
-    query_padding_mask: Tensor | None = None,
-    u: Tensor | None = None,
-    n_iter: int = 1,
-    causal: bool = False,
-) -> Tensor:
-    """Materialized (B, H, S_q, S_k) weights in float32 (float64 for float64 input)."""
-    logits = masked_logits(q, k, key_padding_mask, query_padding_mask, causal)
-    if scheme == "unas":
-        return safe_log_normalize(logits, dim=-1).exp()
-    if scheme in ("dnas", "sinkhorn"):
-        return sinkhorn_log_weights(logits, n_iter if scheme == "sinkhorn" else 1).exp()
-    if scheme == "hnas":
-        u = torch.as_tensor(u, dtype=logits.dtype, device=logits.device)
-        dnas = sinkhorn_log_weights(logits, 1).exp()
-        unas = safe_log_normalize(logits, dim=-1).exp()
-        return u * dnas + (1 - u) * unas
-    raise ValueError(f"unknown scheme {scheme!r}")
-
-
-def reference_attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scheme: str = "unas",
-    key_padding_mask: Tensor | None = None,
-    query_padding_mask: Tensor | None = None,
-    u: Tensor | None = None,
-    n_iter: int = 1,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Weights @ v with the materialized weights; output in v's dtype (rows of padded queries 0)."""
-    # Rows of padded queries are all -inf logits, hence zero weights and zero output.
-    weights = reference_weights(q, k, scheme, key_padding_mask, query_padding_mask, u, n_iter, causal)
-    if dropout_p > 0.0:
-        weights = torch.nn.functional.dropout(weights, p=dropout_p)
-    with torch.autocast(device_type=v.device.type, enabled=False):
-        out = torch.matmul(weights, v.to(weights.dtype))
-    return out.to(output_dtype(v))
 
 
 def output_dtype(v: Tensor) -> torch.dtype:

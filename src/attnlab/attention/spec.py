@@ -1,117 +1,135 @@
 """`AttentionSpec`: the attention scheme and its options, as chosen by `model=` in Hydra.
 
-Every task builds its attention modules from one spec (the composed `model` config group), and
+Every task builds its attention modules from one spec (the composed `model` config group) and
 decides itself *where* the spec applies; everything else stays `unas`.
+
+`model.scheme` names a registered scheme (attention/schemes/). A normalizer (unas, dnas, hnas,
+sinkhorn, entmax, ...) is used as it is; a logit transform (coda, realformer) builds the logits
+that `model.normalization` (unas by default, any registered normalizer) turns into weights.
+The other keys are the schemes' options, each validated by its scheme's `Options`:
+- keys of the transform go to the transform, the others to the normalizer; a key that both
+  would take (CODA's and entmax's `alpha`) can reach the normalizer as `model.normalization_options`;
+- keys that only *other* registered schemes take are ignored (a task may set `model.hybrid_init`
+  for HNAS whatever the model is); keys no scheme knows are an error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from attnlab.attention.schemes import (
+    TRANSFORMS,
+    LogitTransform,
+    Normalizer,
+    build_options,
+    known_keys,
+    names,
+    normalizer_class,
+)
+from attnlab.attention.schemes.base import option_names
 from attnlab.errors import ConfigError
 
-# Schemes that `attend` implements.
-SCHEMES = ("unas", "dnas", "hnas", "sinkhorn")
-# Schemes that pass attention logits from layer to layer of a stack (attention/cascade.py): they
-# need their module (MultiHeadAttention), so `attend` does not offer them. Their logits are then
-# normalized by `normalization` (unas by default).
-CASCADE_SCHEMES = ("coda", "realformer")
-# Schemes that normalize over queries: they see every query, so they cannot sit in a decoder.
-QUERY_NORMALIZED = ("dnas", "hnas", "sinkhorn")
-# What a cascade scheme may normalize its logits with.
-CASCADE_NORMALIZATIONS = ("unas", "dnas", "hnas")
+# keys of the `model` group that are not scheme options (display name, training rules)
+NOT_OPTIONS = ("name", "_target_", "callbacks")
 
 
-@dataclass
 class AttentionSpec:
-    scheme: str = "unas"
-    # HNAS: initial u (weight of DNAS) and whether u is per head or shared by the heads of a layer.
-    hybrid_init: float = 0.5
-    hybrid_per: str = "head"
-    # Sinkhorn: number of alternating normalizations, queries first (1 == dnas).
-    n_iter: int = 1
-    # How the weights are normalized: the scheme itself for unas/dnas/hnas/sinkhorn; for a cascade
-    # scheme (coda, realformer) one of CASCADE_NORMALIZATIONS applied to its logits (default unas).
-    normalization: str | None = None
-    # Options of schemes added later (CODA, RealFormer, ...), kept as a plain dict.
-    options: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.scheme = str(self.scheme).lower()
-        if self.scheme not in SCHEMES + CASCADE_SCHEMES:
-            raise ConfigError(
-                f"unknown attention scheme {self.scheme!r}; choose one of "
-                f"{', '.join(SCHEMES + CASCADE_SCHEMES)} (e.g. model=hnas)"
-            )
-        self._check_normalization()
-        if not 0.0 <= float(self.hybrid_init) <= 1.0:
-            raise ConfigError(
-                f"model.hybrid_init={self.hybrid_init} is outside [0, 1]; u is the weight of DNAS "
-                f"in HNAS, e.g. model.hybrid_init=0.5"
-            )
-        if self.hybrid_per not in ("head", "layer"):
-            raise ConfigError(
-                f"model.hybrid_per={self.hybrid_per!r}; use 'head' (one u per head) or 'layer'"
-            )
-        if int(self.n_iter) < 1:
-            raise ConfigError(f"model.n_iter={self.n_iter} must be >= 1 (1 equals dnas)")
-        self.hybrid_init = float(self.hybrid_init)
-        self.n_iter = int(self.n_iter)
-
-    def _check_normalization(self) -> None:
-        norm = None if self.normalization is None else str(self.normalization).lower()
-        if self.scheme not in CASCADE_SCHEMES:
-            if norm not in (None, self.scheme):
+    def __init__(self, scheme: str = "unas", normalization: str | None = None, decoder: bool = True,
+                 normalization_options: Mapping[str, Any] | None = None, **options: Any) -> None:
+        self.scheme = str(scheme).lower()
+        if self.scheme in TRANSFORMS:
+            self.transform: str | None = self.scheme
+            self.normalization = "unas" if normalization is None else str(normalization).lower()
+        else:
+            self.transform = None
+            if self.scheme not in names():
+                raise ConfigError(f"unknown attention scheme {self.scheme!r}; choose one of "
+                                  f"{', '.join(names())} (e.g. model=hnas)")
+            if normalization not in (None, self.scheme):
                 raise ConfigError(
-                    f"model.normalization={norm} only applies to cascade schemes "
-                    f"({', '.join(CASCADE_SCHEMES)}); model={self.scheme} normalizes as {self.scheme}"
+                    f"model.normalization={normalization} only applies to logit transforms "
+                    f"({', '.join(sorted(TRANSFORMS))}); model={self.scheme} normalizes as itself"
                 )
             self.normalization = self.scheme
-        elif norm is None:
-            self.normalization = "unas"
-        elif norm not in CASCADE_NORMALIZATIONS:
+        if not isinstance(decoder, bool):
+            raise ConfigError(f"model.decoder={decoder!r} must be true or false")
+        self.decoder = decoder
+        norm_cls = self.normalizer_class
+        t_keys = option_names(TRANSFORMS[self.transform].Options) if self.transform else ()
+        n_keys = option_names(norm_cls.Options)
+        unknown = sorted(set(options) - set(t_keys) - set(n_keys) - known_keys())
+        if unknown:
+            own = sorted({*t_keys, *n_keys, "decoder"} | ({"normalization"} if self.transform else set()))
             raise ConfigError(
-                f"model.normalization={norm}: {self.scheme} normalizes its logits with one of "
-                f"{', '.join(CASCADE_NORMALIZATIONS)} (dnas/hnas in encoders only)"
+                f"model={self.scheme} has no option {', '.join(unknown)}; its options are "
+                f"{', '.join(own)} (see conf/model/{self.scheme}.yaml)"
             )
+        t_opts = {k: v for k, v in options.items() if k in t_keys}
+        n_opts = {k: v for k, v in options.items() if k in n_keys and k not in t_keys}
+        n_opts.update(normalization_options or {})
+        if self.transform:
+            self.transform_options = build_options(self.transform, TRANSFORMS[self.transform].Options, t_opts)
         else:
-            self.normalization = norm
+            self.transform_options = None
+        self.normalizer_options = build_options(self.normalization, norm_cls.Options, n_opts)
+        self.options = {**t_opts, **{k: v for k, v in options.items() if k in n_opts}}
+        self.normalization_options = dict(normalization_options or {})
+
+    # -- what the scheme is
+    @property
+    def normalizer_class(self) -> type[Normalizer]:
+        try:
+            return normalizer_class(self.normalization)
+        except ConfigError:
+            raise ConfigError(
+                f"model.normalization={self.normalization}: {self.scheme}'s logits can be "
+                f"normalized by a registered normalization: {', '.join(names())}"
+            ) from None
 
     @property
     def normalizes_over_queries(self) -> bool:
-        return self.normalization in QUERY_NORMALIZED
+        return self.normalizer_class.over_queries
 
     @property
     def cascades(self) -> bool:
-        """True for schemes whose logits flow from layer to layer (coda, realformer)."""
-        return self.scheme in CASCADE_SCHEMES
+        """True when logits flow from layer to layer of a stack (coda, realformer)."""
+        return self.transform is not None and self.build_transform(1, False).passes_logits
+
+    def build_normalizer(self, num_heads: int | None = None) -> Normalizer:
+        return self.normalizer_class(self.normalizer_options, num_heads)
+
+    def build_transform(self, num_heads: int, receives_logits: bool) -> LogitTransform | None:
+        if self.transform is None:
+            return None
+        return TRANSFORMS[self.transform](self.transform_options, num_heads, receives_logits)
 
     def for_decoder(self, fallback: AttentionSpec | Mapping[str, Any] | str = "unas") -> AttentionSpec:
         """The spec for the decoder of a task that applies this spec to its encoder.
 
-        Normalization schemes (dnas/hnas/sinkhorn) stay in the encoder: the decoder gets `fallback`
-        (the task's decoder attention, unas). Cascade schemes (coda, realformer) replace a UNAS
-        fallback, as they run in every stack of the papers' Transformers, unless
-        `model.decoder=false`; their decoder copy normalizes with UNAS (query normalization would
-        leak the future).
+        A scheme that normalizes over keys (unas, entmax, ...) is valid in a decoder and stays.
+        A query-normalized one (dnas/hnas/sinkhorn) stays in the encoder and the decoder gets
+        `fallback`. A logit transform (coda, realformer) runs in every stack of the papers'
+        Transformers: its decoder copy normalizes with UNAS when its normalization is
+        query-normalized. An explicit non-UNAS `fallback`, or `model.decoder=false`, wins.
         """
         fallback = AttentionSpec.from_config(fallback)
-        if self.cascades and bool(self.options.get("decoder", True)) and fallback.scheme == "unas":
-            return replace(self, normalization="unas", options=dict(self.options))
+        if fallback.scheme != "unas" or not self.decoder:
+            return fallback
+        if not self.normalizes_over_queries:
+            return self
+        if self.transform is not None:
+            opts = {k: v for k, v in self.options.items() if k in option_names(TRANSFORMS[self.transform].Options)}
+            return AttentionSpec(self.scheme, normalization="unas", **opts)
         return fallback
 
+    # -- conversions
     @classmethod
     def from_config(cls, cfg: AttentionSpec | Mapping[str, Any] | str | None) -> AttentionSpec:
-        """Build from a spec, a scheme name, or a (Dict)Config such as the composed `model` group.
-
-        Keys that are not fields (e.g. `name`, a display name for output dirs) are ignored;
-        unknown option keys of later schemes go to `options`.
-        """
+        """Build from a spec, a scheme name, or a (Dict)Config such as the composed `model` group."""
         if cfg is None:
             return cls()
-        if isinstance(cls, type) and isinstance(cfg, cls):
+        if isinstance(cfg, cls):
             return cfg
         if isinstance(cfg, str):
             return cls(scheme=cfg)
@@ -122,16 +140,22 @@ class AttentionSpec:
                 cfg = OmegaConf.to_container(cfg, resolve=True)
         except ImportError:  # pragma: no cover - omegaconf is a dependency
             pass
-        data = dict(cfg)
-        names = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
-        # `callbacks`: training rules a model config brings along (e.g. model=repulsive), which
-        # the runner instantiates; they are not options of the attention scheme.
-        ignored = ("name", "_target_", "callbacks")
-        extra = {k: v for k, v in data.items() if k not in names and k not in ignored}
-        if extra:
-            kwargs["options"] = {**extra, **dict(kwargs.get("options") or {})}
-        return cls(**kwargs)
+        data = {k: v for k, v in dict(cfg).items() if k not in NOT_OPTIONS}
+        return cls(**data)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain dict that `from_config` turns back into this spec (for hparams)."""
+        out: dict[str, Any] = {"scheme": self.scheme, **self.options, "decoder": self.decoder}
+        if self.transform is not None:
+            out["normalization"] = self.normalization
+        if self.normalization_options:
+            out["normalization_options"] = dict(self.normalization_options)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AttentionSpec) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "scheme")
+        return f"AttentionSpec({self.scheme!r}{', ' + opts if opts else ''})"
+

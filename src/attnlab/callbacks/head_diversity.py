@@ -12,11 +12,11 @@ least two heads:
   the output projection) at every valid query (Repulsive attention, An et al. 2020, Table 1
   "Dist"); `val/head_distance` (`test/head_distance`) is the mean over layers.
 
-Weights are only materialized on those batches, and only in the modules it analyzes
-(MultiHeadAttention.record); training never pays. Each module's recording is picked up by a
-forward hook right after its forward, so a LightningModule that consumes `recorded` in its own
-step does not take it away. Single-head modules (e.g. the VQA fusion with fusion_heads=1) have no
-pair of heads: they are skipped (not recorded), with one message.
+Weights are only materialized on those batches, and only in the modules it analyzes, through
+`record_attention` opened around each batch (the first forward of each module in the batch);
+training never pays, and other recorders (the task's own, other analyses) are unaffected.
+Single-head modules (e.g. the VQA fusion with fusion_heads=1) have no pair of heads: they are
+skipped (not recorded), with one message.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from attnlab.attention import attention_modules
-from attnlab.callbacks.recording import set_recording
+from attnlab.attention import attention_modules, record_attention
 from attnlab.loggers import LoggerAdapter
 
 
@@ -75,14 +74,13 @@ class HeadDiversity(pl.Callback):
         self.max_batches = int(max_batches)
         self.png_name = png_name
         self._acc: dict[str, dict] = {}
-        self._latest: dict[str, dict] = {}
         self._modules: dict[str, object] = {}
-        self._hooks: list = []
+        self._recorder: record_attention | None = None
         self._warned = False
 
     # --- recording, shared by validation and test
     def _start(self, trainer, pl_module) -> None:
-        self._acc, self._latest = {}, {}
+        self._acc = {}
         if trainer.sanity_checking or self.max_batches <= 0:
             return
         modules = attention_modules(pl_module)
@@ -93,36 +91,27 @@ class HeadDiversity(pl.Callback):
             print(f"[attnlab] head diversity: {len(single)} single-head attention module(s) skipped "
                   f"(JSD and head distance need >= 2 heads): {single}. For the VQA fusion use e.g. "
                   f"task.module.fusion_heads=4")
-        set_recording(self._modules.values(), "head_diversity", True)
-        for name, m in self._modules.items():
-            self._hooks.append(m.register_forward_hook(
-                lambda mod, _args, _out, name=name: self._latest.__setitem__(name, mod.recorded)))
 
-    def _stop(self) -> None:
-        set_recording(self._modules.values(), "head_diversity", False)
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks, self._latest = [], {}
+    def _open(self, trainer, batch_idx: int) -> None:
+        if not trainer.sanity_checking and batch_idx < self.max_batches and self._modules:
+            self._recorder = record_attention(self._modules.items()).open()
 
-    def _collect(self, trainer, pl_module, batch_idx: int) -> None:
-        if trainer.sanity_checking or batch_idx >= self.max_batches:
+    def _collect(self) -> None:
+        if self._recorder is None:
             return
-        latest, self._latest = self._latest, {}
-        for name, rec in latest.items():
-            if rec is None:
-                continue
+        self._recorder.close()
+        records, self._recorder = self._recorder.records, None
+        for name, rec in records.items():
             m = self._modules[name]
-            rows = valid_rows(rec["weights"])
-            jsd, n = jsd_matrix(rec["weights"], rows)
-            dist, n_dist = head_distance_sum(rec["head_outputs"], rows)
+            rows = valid_rows(rec.weights)
+            jsd, n = jsd_matrix(rec.weights, rows)
+            dist, n_dist = head_distance_sum(rec.head_outputs, rows)
             acc = self._acc.setdefault(name, {"jsd": torch.zeros_like(jsd), "rows": 0, "dist": 0.0,
                                               "dist_rows": 0, "heads": m.num_heads})
             acc["jsd"] += jsd
             acc["rows"] += n
             acc["dist"] += dist
             acc["dist_rows"] += n_dist
-        if batch_idx + 1 >= self.max_batches:
-            self._stop()
 
     def summarize(self) -> dict[str, dict]:
         out = {}
@@ -139,7 +128,6 @@ class HeadDiversity(pl.Callback):
         return out
 
     def _finish(self, trainer, pl_module, stage: str) -> None:
-        self._stop()
         if trainer.sanity_checking:
             return
         summary = self.summarize()
@@ -167,8 +155,11 @@ class HeadDiversity(pl.Callback):
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._start(trainer, pl_module)
 
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._open(trainer, batch_idx)
+
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(trainer, pl_module, batch_idx)
+        self._collect()
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         self._finish(trainer, pl_module, "val")
@@ -176,8 +167,11 @@ class HeadDiversity(pl.Callback):
     def on_test_epoch_start(self, trainer, pl_module) -> None:
         self._start(trainer, pl_module)
 
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._open(trainer, batch_idx)
+
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._collect(trainer, pl_module, batch_idx)
+        self._collect()
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self._finish(trainer, pl_module, "test")

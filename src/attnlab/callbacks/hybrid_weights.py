@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from attnlab.attention import attention_modules
+from attnlab.attention import hybrid_u_per_layer
 from attnlab.loggers import LoggerAdapter
-
-
-def hnas_layers(model) -> list:
-    return [(name, m) for name, m in attention_modules(model) if m.hybrid_u is not None]
 
 
 class HybridWeights(pl.Callback):
@@ -28,12 +24,12 @@ class HybridWeights(pl.Callback):
         self.layer_names: list[str] = []
 
     def _record(self, trainer, pl_module) -> None:
-        layers = hnas_layers(pl_module)
+        layers = hybrid_u_per_layer(pl_module)
         step = int(trainer.global_step)
         if not layers or (self.steps and self.steps[-1] == step):
             return
-        self.layer_names = [name for name, _ in layers]
-        u = [m.hybrid_u.tolist() for _, m in layers]
+        self.layer_names = list(layers)
+        u = [values.tolist() for values in layers.values()]
         self.steps.append(step)
         self.values.append(u)
         metrics = {}

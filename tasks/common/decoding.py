@@ -1,6 +1,6 @@
 """Batched greedy and beam search for an encoder-decoder, with a key/value cache.
 
-The model protocol (see `tasks.headline.model.HeadlineTransformer`):
+The model protocol (e.g. `tasks.headline.model.HeadlineTransformer`):
 
     memory = model.encode(src_ids, src_padding_mask)              # (B, S, D)
     cache = model.start_decoding(memory, src_padding_mask)        # cross-attention K/V once
@@ -8,7 +8,7 @@ The model protocol (see `tasks.headline.model.HeadlineTransformer`):
     logits = model.project(hidden)                                # (B, V)
     cache.select(rows)                                            # beam search: keep these rows
 
-A step feeds one token per hypothesis (`tasks.headline.incremental`), so decoding costs one
+A step feeds one token per hypothesis (`tasks.common.incremental`), so decoding costs one
 decoder pass per generated token instead of one per prefix position, and the article is
 projected to cross-attention keys/values once instead of at every step.
 

@@ -1,0 +1,383 @@
+// Building blocks of the fused attention CPU kernel (query_normalized.cpp): BLAS, vector
+// helpers, the vectorized row sweeps, and the counter-based attention dropout.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+extern "C" {
+// BLAS (column-major), exported by libtorch_cpu (MKL). Called inside at::parallel_for, where
+// MKL runs single-threaded, as ATen's own flash attention kernel does.
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b,
+            const int* ldb, const double* beta, double* c, const int* ldc);
+}
+
+namespace {
+
+using at::vec::Vectorized;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, as the column-major C^T = op(B)^T op(A)^T.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const int M = m, N = n, K = k, LDA = lda, LDB = ldb, LDC = ldc;
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&tb, &ta, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
+  } else {
+    dgemm_(&tb, &ta, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
+  }
+}
+
+template <typename T>
+inline Vectorized<T> vexp(const Vectorized<T>& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x.exp_u20();  // rel. error < 1e-6; exp(-inf) = 0 (ATen's flash kernel uses it too)
+  } else {
+    return x.exp();
+  }
+}
+
+// Horizontal sum / max of a vector (once per row: not worth intrinsics).
+template <typename T>
+T hsum(const Vectorized<T>& v) {
+  T buf[Vectorized<T>::size()];
+  v.store(buf);
+  T s = 0;
+  for (int64_t i = 0; i < Vectorized<T>::size(); ++i) s += buf[i];
+  return s;
+}
+
+template <typename T>
+T hmax(const Vectorized<T>& v) {
+  T buf[Vectorized<T>::size()];
+  v.store(buf);
+  T m = buf[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) m = std::max(m, buf[i]);
+  return m;
+}
+
+template <typename T>
+T dot(const T* x, const T* y, int64_t n) {
+  T s = 0;
+  for (int64_t j = 0; j < n; ++j) s += x[j] * y[j];
+  return s;
+}
+
+// Rows of queries (or keys) per block: a block of rows x width scores stays in L2 (with its
+// companions dP and Pu).
+int64_t block_rows(int64_t width, int64_t total, int64_t elem_bytes) {
+  const int64_t budget = 2048 * 1024;  // bytes per buffer; measured: 1-4 MiB equally fast, 96 KiB 20% slower
+  const int64_t rows = std::clamp<int64_t>(budget / std::max<int64_t>(1, width * elem_bytes), 8, 256);
+  return std::min(rows / 8 * 8, std::max<int64_t>(total, 1));
+}
+
+// Strided (b, h) slice of a 4-D tensor whose last dim is contiguous.
+template <typename T>
+struct Slice {
+  T* base;
+  int64_t sb, sh, row;
+  explicit Slice(const at::Tensor& t)
+      : base(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), row(t.stride(2)) {}
+  T* at(int64_t b, int64_t h) const { return base + b * sb + h * sh; }
+};
+
+// Additive padding bias of batch item b (n entries): 0, or -inf where padded.
+template <typename T>
+void padding_bias(const std::optional<at::Tensor>& mask, int64_t b, int64_t n, T* out) {
+  if (!mask.has_value()) {
+    std::fill(out, out + n, T(0));
+    return;
+  }
+  const bool* m = mask->data_ptr<bool>() + b * n;
+  for (int64_t j = 0; j < n; ++j) out[j] = m[j] ? -T(kInf) : T(0);
+}
+
+// ---- row sweeps (vectorized over j; x is one row of a score block) --------------------------
+
+// x_j += bias_j; returns max_j x_j.
+template <typename T>
+T add_bias_max(T* x, const T* bias, int64_t n) {
+  using V = Vectorized<T>;
+  V vmax(-T(kInf));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V v = V::loadu(x + j) + V::loadu(bias + j);
+    v.store(x + j);
+    vmax = at::vec::maximum(vmax, v);
+  }
+  T m = hmax(vmax);
+  for (; j < n; ++j) m = std::max(m, x[j] += bias[j]);
+  return m;
+}
+
+// x_j <- exp(x_j - m); returns the sum. m finite.
+template <typename T>
+T exp_sum(T* x, T m, int64_t n) {
+  using V = Vectorized<T>;
+  V vsum(T(0));
+  const V vm(m);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V e = vexp(V::loadu(x + j) - vm);
+    e.store(x + j);
+    vsum = vsum + e;
+  }
+  T s = hsum(vsum);
+  for (; j < n; ++j) s += x[j] = std::exp(x[j] - m);
+  return s;
+}
+
+// HNAS forward: x_j += kb_j; mu = max_j x_j, md = max_j (x_j - c_j).
+template <typename T>
+void add_bias_two_max(T* x, const T* kb, const T* c, int64_t n, T& mu, T& md) {
+  using V = Vectorized<T>;
+  V vu(-T(kInf)), vd(-T(kInf));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V v = V::loadu(x + j) + V::loadu(kb + j);
+    v.store(x + j);
+    vu = at::vec::maximum(vu, v);
+    vd = at::vec::maximum(vd, v - V::loadu(c + j));
+  }
+  mu = hmax(vu);
+  md = hmax(vd);
+  for (; j < n; ++j) {
+    x[j] += kb[j];
+    mu = std::max(mu, x[j]);
+    md = std::max(md, x[j] - c[j]);
+  }
+}
+
+// HNAS forward: e_j = exp(x_j - mu), x_j <- exp(x_j - c_j - md); their sums lu, ld.
+template <typename T>
+void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
+  using V = Vectorized<T>;
+  V su(T(0)), sd(T(0));
+  const V vmu(mu), vmd(md);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V v = V::loadu(x + j);
+    const V a = vexp(v - vmu), b = vexp(v - V::loadu(c + j) - vmd);
+    a.store(e + j);
+    b.store(x + j);
+    su = su + a;
+    sd = sd + b;
+  }
+  lu = hsum(su);
+  ld = hsum(sd);
+  for (; j < n; ++j) {
+    e[j] = std::exp(x[j] - mu);
+    x[j] = std::exp(x[j] - c[j] - md);
+    lu += e[j];
+    ld += x[j];
+  }
+}
+
+// x_j <- a x_j + b y_j.
+template <typename T>
+void axpby(T a, T* x, T b, const T* y, int64_t n) {
+  using V = Vectorized<T>;
+  const V va(a), vb(b);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size())
+    (va * V::loadu(x + j) + vb * V::loadu(y + j)).store(x + j);
+  for (; j < n; ++j) x[j] = a * x[j] + b * y[j];
+}
+
+// DNAS backward pass 1: x_j <- Pd_j = exp(x_j + cb_j - rd) (cb = key bias - c), and
+// acc_j += Dd Pd_j. rd = +inf (empty row) gives Pd = 0.
+template <typename T>
+void dnas_pass1_row(T* x, const T* cb, T rd, T dd, T* acc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vrd(rd), vdd(dd);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V p = vexp(V::loadu(x + j) + V::loadu(cb + j) - vrd);
+    p.store(x + j);
+    at::vec::fmadd(vdd, p, V::loadu(acc + j)).store(acc + j);
+  }
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] + cb[j] - rd);
+    acc[j] += dd * x[j];
+  }
+}
+
+// HNAS backward pass 1, first sweep: x_j <- Pd_j, pu_j <- Pu_j, acc_j += u Pd_j dP_j;
+// returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j). kb = key bias, cb = key bias - c.
+template <typename T>
+std::pair<T, T> hnas_pass1_row(T* x, T* pu, const T* dp, const T* kb, const T* cb, T rd, T ru,
+                               T u, T* acc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vrd(rd), vru(ru), vu(u);
+  V sd(T(0)), su(T(0));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V s = V::loadu(x + j), g = V::loadu(dp + j);
+    const V pd = vexp(s + V::loadu(cb + j) - vrd), pu_v = vexp(s + V::loadu(kb + j) - vru);
+    pd.store(x + j);
+    pu_v.store(pu + j);
+    sd = at::vec::fmadd(pd, g, sd);
+    su = at::vec::fmadd(pu_v, g, su);
+    at::vec::fmadd(vu * pd, g, V::loadu(acc + j)).store(acc + j);
+  }
+  T dd = hsum(sd), du = hsum(su);
+  for (; j < n; ++j) {
+    const T s = x[j];
+    x[j] = std::exp(s + cb[j] - rd);
+    pu[j] = std::exp(s + kb[j] - ru);
+    dd += x[j] * dp[j];
+    du += pu[j] * dp[j];
+    acc[j] += u * x[j] * dp[j];
+  }
+  return {dd, du};
+}
+
+// HNAS backward pass 1, second sweep: acc_j -= u Dd Pd_j (completing sum_i u Pd (dP - Dd)),
+// and x_j <- W_j = u Pd_j + (1 - u) Pu_j.
+template <typename T>
+void hnas_pass1_finish(T* x, const T* pu, T dd, T u, T* acc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vud(u * dd), vu(u), v1u(T(1) - u);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V pd = V::loadu(x + j);
+    (V::loadu(acc + j) - vud * pd).store(acc + j);
+    (vu * pd + v1u * V::loadu(pu + j)).store(x + j);
+  }
+  for (; j < n; ++j) {
+    acc[j] -= u * dd * x[j];
+    x[j] = u * x[j] + (T(1) - u) * pu[j];
+  }
+}
+
+// Backward pass 2: the full score gradient, in place of dp (= dP_j on entry):
+//   ds_j = Pd_j (u (dP_j - Dd) + e dLdc_j) + (1 - u) Pu_j (dP_j - Du)
+// with Pd_j = exp(x_j + cb_j - rd), Pu_j = exp(x_j + kb_j - ru) (HNAS only: kb non-null), and
+// e = exp(rd) (0 on empty rows), so that Pd_j e = xi_j, the column softmax.
+template <typename T>
+void score_grad_row(const T* x, T* dp, const T* kb, const T* cb, T rd, T ru, T dd, T du, T u,
+                    T e, const T* dldc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vrd(rd), vru(ru), vdd(dd), vdu(du), vu(u), v1u(T(1) - u), ve(e);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V s = V::loadu(x + j), g = V::loadu(dp + j);
+    V ds = vexp(s + V::loadu(cb + j) - vrd) * (vu * (g - vdd) + ve * V::loadu(dldc + j));
+    if (kb) ds = ds + v1u * vexp(s + V::loadu(kb + j) - vru) * (g - vdu);
+    ds.store(dp + j);
+  }
+  for (; j < n; ++j) {
+    T ds = std::exp(x[j] + cb[j] - rd) * (u * (dp[j] - dd) + e * dldc[j]);
+    if (kb) ds += (T(1) - u) * std::exp(x[j] + kb[j] - ru) * (dp[j] - du);
+    dp[j] = ds;
+  }
+}
+
+
+// x_j *= s_j.
+template <typename T>
+void mul_row(T* x, const T* s, int64_t n) {
+  using V = Vectorized<T>;
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) (V::loadu(x + j) * V::loadu(s + j)).store(x + j);
+  for (; j < n; ++j) x[j] *= s[j];
+}
+
+// UNAS backward row: P_j = exp(x_j + kb_j - r); with dP~ = dP drop (no dropout: drop null),
+// dp_j <- ds_j = P_j (dP~_j - D) and x_j <- P_j drop_j, the weights that dv is built from.
+// r = +inf (empty row) gives P = 0.
+template <typename T>
+void unas_grad_row(T* x, T* dp, const T* kb, T r, T D, const T* drop, int64_t n) {
+  using V = Vectorized<T>;
+  const V vr(r), vD(D);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V p = vexp(V::loadu(x + j) + V::loadu(kb + j) - vr);
+    V g = V::loadu(dp + j);
+    if (drop) {
+      const V s = V::loadu(drop + j);
+      g = g * s;
+      (p * s).store(x + j);
+    } else {
+      p.store(x + j);
+    }
+    (p * (g - vD)).store(dp + j);
+  }
+  for (; j < n; ++j) {
+    const T p = std::exp(x[j] + kb[j] - r);
+    const T g = drop ? dp[j] * drop[j] : dp[j];
+    x[j] = drop ? p * drop[j] : p;
+    dp[j] = p * (g - D);
+  }
+}
+
+// ---- attention dropout --------------------------------------------------------------------
+//
+// One keep mask on the mixed weights, scaled by 1/(1-p), as reference.py drops them. The mask is
+// counter-based, never stored: element (i, j) of head (b, h), with row = (b H + h) S_q + i, is
+// kept iff  mix(mix(mix(row ^ seed_lo) + seed_hi) + j * 0x9E3779B9) / 2 >= floor(p * 2^31),
+// mix = the "lowbias32" integer hash, seed_lo / seed_hi = the low / high 31 bits of a 62-bit
+// seed. The backward regenerates it from the saved seed. The same function is in
+// kernels/dropout.py (torch, for tests) and in the Triton kernel.
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+struct Dropout {
+  double p;
+  uint32_t threshold = 0, seed_lo = 0, seed_hi = 0;
+  const bool* keep = nullptr;  // test hook: an explicit (B, H, S_q, S_k) keep mask
+  int64_t M, N;
+
+  Dropout(double p_, int64_t seed, const std::optional<at::Tensor>& keep_mask, int64_t M_, int64_t N_)
+      : p(p_), M(M_), N(N_) {
+    TORCH_CHECK(p >= 0 && p < 1, "dropout_p must be in [0, 1)");
+    threshold = static_cast<uint32_t>(std::floor(p * 2147483648.0));
+    seed_lo = static_cast<uint32_t>(seed & 0x7FFFFFFF);
+    seed_hi = static_cast<uint32_t>((seed >> 31) & 0x7FFFFFFF);
+    if (keep_mask.has_value() && p > 0) {
+      TORCH_CHECK(keep_mask->scalar_type() == at::kBool && keep_mask->is_contiguous() &&
+                      keep_mask->numel() == keep_mask->size(0) * keep_mask->size(1) * M * N,
+                  "keep_mask must be a contiguous bool (B, H, S_q, S_k) tensor");
+      keep = keep_mask->data_ptr<bool>();
+    }
+  }
+  bool active() const { return p > 0; }
+
+  // scale_j = 1/(1-p) where element (i, j) of head bh is kept, else 0.
+  template <typename T>
+  void row(int64_t bh, int64_t i, T* scale) const {
+    const T inv = T(1) / T(1 - p);
+    if (keep) {
+      const bool* m = keep + (bh * M + i) * N;
+      for (int64_t j = 0; j < N; ++j) scale[j] = m[j] ? inv : T(0);
+      return;
+    }
+    const uint32_t key = mix32(mix32(static_cast<uint32_t>(bh * M + i) ^ seed_lo) + seed_hi);
+    for (int64_t j = 0; j < N; ++j)
+      scale[j] = (mix32(key + static_cast<uint32_t>(j) * 0x9E3779B9U) >> 1) >= threshold ? inv : T(0);
+  }
+};
+
+}  // namespace

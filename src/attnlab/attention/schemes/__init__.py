@@ -1,0 +1,52 @@
+"""Attention schemes, one class per file, registered by name (see base.py and registry.py).
+
+Every module of this package is imported here, so a new scheme is one file in this folder (plus
+`conf/model/<name>.yaml`): nothing else has to list it.
+"""
+
+import importlib
+import pkgutil
+
+from attnlab.attention.schemes.base import (
+    AttentionCall,
+    LogitTransform,
+    NoOptions,
+    Normalizer,
+    apply_weights,
+    build_options,
+)
+from attnlab.attention.schemes.registry import (
+    NORMALIZERS,
+    TRANSFORMS,
+    known_keys,
+    named_scheme_modules,
+    names,
+    normalizer_class,
+    query_normalized,
+    register,
+    scheme_parameters,
+    unregister,
+)
+
+for _info in pkgutil.iter_modules(__path__):
+    if _info.name not in ("base", "registry"):
+        importlib.import_module(f"{__name__}.{_info.name}")
+
+__all__ = [
+    "NORMALIZERS",
+    "TRANSFORMS",
+    "AttentionCall",
+    "LogitTransform",
+    "NoOptions",
+    "Normalizer",
+    "apply_weights",
+    "build_options",
+    "known_keys",
+    "named_scheme_modules",
+    "names",
+    "normalizer_class",
+    "query_normalized",
+    "register",
+    "scheme_parameters",
+    "unregister",
+]

@@ -1,0 +1,81 @@
+"""HNAS: hybrid of DNAS and UNAS with a trainable mix u in [0, 1] (seed paper, Eq. 12).
+
+pi = u * pi_dnas + (1 - u) * pi_unas, one u per head (or per layer), trained through its logit
+`hybrid_logit`. Linear in the weights, so the fused paths compute u * out_dnas + (1 - u) * out_unas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import paths
+from attnlab.attention.reference import safe_log_normalize, sinkhorn_log_weights
+from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.schemes.registry import register
+from attnlab.errors import ConfigError
+
+# u is kept away from exactly 0 or 1 so that its logit (the trained parameter) stays finite.
+U_CLAMP = 1e-4
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    hybrid_init: float = 0.5  # initial u, the weight of DNAS
+    hybrid_per: str = "head"  # one u per head, or one per layer
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hybrid_init <= 1.0:
+            raise ConfigError(
+                f"model.hybrid_init={self.hybrid_init:g} is outside [0, 1]; u is the weight of DNAS "
+                f"in HNAS, e.g. model.hybrid_init=0.5"
+            )
+        if self.hybrid_per not in ("head", "layer"):
+            raise ConfigError(
+                f"model.hybrid_per={self.hybrid_per!r}; use 'head' (one u per head) or 'layer'"
+            )
+
+
+@register
+class HNAS(Normalizer):
+    name = "hnas"
+    over_queries = True
+    Options = HybridOptions
+    input_names = ("u",)
+    fast_paths = paths.QUERY_NORMALIZED_PATHS
+
+    def __init__(self, options: HybridOptions | None = None, num_heads: int | None = None) -> None:
+        super().__init__(options, num_heads)
+        if num_heads is not None:  # a module's scheme owns its u; the functional form is given u
+            n = num_heads if self.options.hybrid_per == "head" else 1
+            u0 = min(max(self.options.hybrid_init, U_CLAMP), 1 - U_CLAMP)
+            self.hybrid_logit = nn.Parameter(torch.full((n,), math.log(u0 / (1 - u0))))
+
+    def state_inputs(self) -> dict[str, Tensor]:
+        if not hasattr(self, "hybrid_logit"):
+            return {}
+        return {"u": torch.sigmoid(self.hybrid_logit).view(1, -1, 1, 1)}
+
+    @property
+    def u(self) -> Tensor:
+        """u per head, detached, shape (H,)."""
+        return torch.sigmoid(self.hybrid_logit.detach()).expand(self.num_heads).clone()
+
+    def weights(self, logits: Tensor, u: Tensor) -> Tensor:
+        u = u.to(logits.dtype)
+        dnas = sinkhorn_log_weights(logits, 1).exp()
+        unas = safe_log_normalize(logits, dim=-1).exp()
+        return u * dnas + (1 - u) * unas
+
+
+def hybrid_u_per_layer(model: nn.Module) -> dict[str, Tensor]:
+    """{attention module name: u per head (H,)} for every HNAS attention in `model`, in order.
+    The one place that gathers u (run summary, metrics.json, the HybridWeights callback)."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, HNAS) and hasattr(module, "hybrid_logit"):
+            out[name.rpartition(".")[0]] = module.u  # the attention module that owns it
+    return out

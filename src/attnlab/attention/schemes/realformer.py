@@ -1,0 +1,16 @@
+"""RealFormer (He et al. 2020), CODA's deterministic ablation: residual attention logits,
+`z^l = C^l + z^{l-1}` within a stack, no parameters. The weights come from the spec's
+normalization (unas by default)."""
+
+from torch import Tensor
+
+from attnlab.attention.schemes.base import LogitTransform
+from attnlab.attention.schemes.registry import register
+
+
+@register
+class RealFormer(LogitTransform):
+    name = "realformer"
+
+    def forward(self, scores: Tensor, previous: Tensor | None) -> Tensor:
+        return scores if previous is None else scores + previous

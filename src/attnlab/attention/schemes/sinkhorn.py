@@ -1,0 +1,36 @@
+"""Sinkhorn attention: `n_iter` alternating normalizations, over queries first (seed paper,
+Sec. 3.2). `n_iter=1` is DNAS (and runs on DNAS's kernels); it converges to a doubly stochastic
+matrix. More iterations run on the materialized reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from attnlab.attention import paths
+from attnlab.attention.reference import sinkhorn_log_weights
+from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.schemes.registry import register
+from attnlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SinkhornOptions:
+    n_iter: int = 5  # alternating normalizations (1 equals dnas)
+
+    def __post_init__(self) -> None:
+        if self.n_iter < 1:
+            raise ConfigError(f"model.n_iter={self.n_iter} must be >= 1 (1 equals dnas)")
+
+
+@register
+class Sinkhorn(Normalizer):
+    name = "sinkhorn"
+    over_queries = True
+    Options = SinkhornOptions
+    # one iteration is DNAS: DNAS's kernels serve it
+    fast_paths = tuple(p.when(lambda n: n.options.n_iter == 1) for p in paths.QUERY_NORMALIZED_PATHS)
+
+    def weights(self, logits: Tensor) -> Tensor:
+        return sinkhorn_log_weights(logits, self.options.n_iter).exp()

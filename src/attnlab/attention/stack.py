@@ -1,0 +1,32 @@
+"""Running a stack of layers with the cascade logits passed explicitly.
+
+    x = run_stack(self.layers, x, key_padding_mask)                  # encoder layers
+    y = run_stack(self.decoder_layers, y, memory, tgt_mask, mem_mask) # decoder layers
+    x = run_stack(self.layers, x, mask, checkpoint=True)             # activation checkpointing
+
+Each layer returns its output and the logits its attentions pass on (CODA, RealFormer); the
+next layer takes them as `prev_logits`. Nothing is stored on the modules, so any container works
+(a list, an nn.ModuleList, or nn.Sequential with `StackCarry`), and recomputation under
+`torch.utils.checkpoint` sees exactly the same inputs (its RNG state is restored, so CODA's
+noise is redrawn identically).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.utils.checkpoint
+from torch import Tensor, nn
+
+
+def run_stack(layers: Iterable[nn.Module], x: Tensor, *args, checkpoint: bool = False, **kwargs) -> Tensor:
+    """Apply `layers` in order to x (extra arguments go to every layer); returns the output."""
+    logits = None
+    for layer in layers:
+        if checkpoint and torch.is_grad_enabled():
+            x, logits = torch.utils.checkpoint.checkpoint(
+                layer, x, *args, prev_logits=logits, return_logits=True, use_reentrant=False, **kwargs)
+        else:
+            x, logits = layer(x, *args, prev_logits=logits, return_logits=True, **kwargs)
+    return x

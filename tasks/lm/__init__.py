@@ -1,0 +1,1 @@
+"""Task `lm`: causal language modelling (CODA Table 1; Repulsive attention). Data side so far."""

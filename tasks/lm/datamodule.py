@@ -1,0 +1,260 @@
+"""`LMDataModule`: running text as token streams, contiguous training blocks, sliding evaluation.
+
+Sources (`task.source`): `debian` (default; WordPiece ids of the packaged BERT vocabulary, one
+[SEP] after each package family's text), `wikitext` and `ptb` (word level, one `<eos>` per line,
+files in `task.data_dir`), or plain-text files (`task.data.files`, word level by default). See
+`tasks.lm.corpus` for the segment rules and `tasks.lm.windows` for the windows.
+
+Batches are dicts of (B, L) tensors: `input_ids`, `target_ids` (the next tokens), `score_mask`
+(the targets to score: all of a training block; the new tokens of an evaluation window) and
+`padding_mask` (True = padding). The loss of a split is the mean over its scored targets, each
+token of the split exactly once.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from attnlab.errors import ConfigError, DataError
+from attnlab.sampling import EpochSeededSampler
+from tasks.common import bert_assets, debian
+from tasks.common.cache import cache_path, load_arrays, save_arrays
+from tasks.common.plain_text import check_files, read_plain_text, split_plain_paragraphs
+from tasks.lm.corpus import (
+    STANDARD_FILES,
+    build_word_tokenizer,
+    debian_segments,
+    read_lines,
+    split_segments,
+    standard_files,
+)
+from tasks.lm.windows import TokenWindows, collate_windows
+
+SOURCES = ("debian", *STANDARD_FILES)
+VOCABS = ("word", "wordpiece")
+_ENCODE_CHUNK = 10_000  # segments per encode_batch call: bounded memory on Wikitext-103
+
+
+class LMDataModule(pl.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "debian",
+        data_dir: str | None = None,
+        debian_dir: str = "data/debian",
+        files: Sequence[str] | None = None,
+        fractions: Sequence[float] = debian.DEFAULT_FRACTIONS,
+        vocab: str | None = None,
+        min_count: int = 1,
+        block_size: int = 128,
+        eval_stride: int | None = None,
+        batch_size: int = 16,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        seed: int = 42,
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.files = list(files) if files else None
+        if source not in SOURCES:
+            raise ConfigError(f"task.source={source!r}; use one of {', '.join(SOURCES)}")
+        if self.files and source != "debian":
+            raise ConfigError(f"task.source={source} and task.data.files are both set; give one of them")
+        if source in STANDARD_FILES and not data_dir:
+            names = ", ".join(STANDARD_FILES[source].values())
+            raise ConfigError(f"task.source={source} needs task.data_dir=<folder with {names}>")
+        # the corpora's own units: word level for the standard corpora and plain text (their
+        # papers report word-level perplexity), WordPiece for the Debian default
+        self.vocab_kind = vocab or ("wordpiece" if source == "debian" and not self.files else "word")
+        if self.vocab_kind not in VOCABS:
+            raise ConfigError(f"task.data.vocab={vocab!r}; use word, wordpiece or null (the source's own)")
+        if int(min_count) < 1:
+            raise ConfigError(f"task.data.min_count={min_count} must be >= 1")
+        self.source = "files" if self.files else source
+        self.block_size = int(block_size)
+        self.eval_stride = int(eval_stride) if eval_stride else self.block_size
+        if self.block_size < 2 or not 1 <= self.eval_stride <= self.block_size:
+            raise ConfigError(
+                f"task.data.block_size={block_size} must be >= 2 and task.eval_stride={eval_stride} "
+                f"in [1, block_size] (new tokens scored per evaluation window; null: block_size)"
+            )
+        self.fractions = tuple(float(f) for f in fractions)
+        self.debian_dir = Path(debian_dir)
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.word_level = self.vocab_kind == "word"
+        # (pad, end-of-segment, unknown): [PAD]/[SEP]/[UNK] of BERT's vocabulary, or ours
+        self.pad_id, self.eos_id, self.unk_id = (
+            (0, 1, 2) if self.word_level  # the positions of corpus.WORD_SPECIALS
+            else (bert_assets.PAD_ID, bert_assets.SEP_ID, bert_assets.UNK_ID)
+        )
+        self.tokenizer = None  # HF `tokenizers`: WordLevel built on train, or the packaged WordPiece
+        self.streams: dict[str, np.ndarray] = {}
+        self.datasets: dict[str, TokenWindows] = {}
+
+    # -- preparation -------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        if self.source == "files":
+            check_files(self.files)
+        elif self.source == "debian":
+            debian.prepare(self.debian_dir)
+        else:
+            standard_files(self.source, self.data_dir)
+
+    def _segments(self) -> dict[str, Iterable[str]]:
+        """split -> its segments (lazy for the standard corpora: Wikitext-103 is 540 MB)."""
+        if self.source == "files":
+            return split_plain_paragraphs(read_plain_text(self.files), self.fractions)
+        if self.source == "debian":
+            rows = debian.load_rows(self.debian_dir)
+            for row in rows:  # the split of the requested fractions (records.jsonl holds the default)
+                row["split"] = debian.split_of(row["family"], self.fractions)
+            return debian_segments(rows)
+        return {split: _Lines(path) for split, path in standard_files(self.source, self.data_dir).items()}
+
+    def _source_files(self) -> list[Path]:
+        if self.source == "files":
+            return [Path(f) for f in self.files]
+        if self.source == "debian":
+            return [self.debian_dir / debian.MANIFEST_FILE]  # it holds the sources' sha256
+        return list(standard_files(self.source, self.data_dir).values())
+
+    def _cache_path(self) -> Path | None:
+        if not self.hparams.cache_dir:
+            return None
+        key_parts = {
+            "version": 1, "source": self.source, "vocab": self.vocab_kind,
+            "inputs": [debian.sha256_of(path) for path in self._source_files()],
+            "fractions": self.fractions, "min_count": int(self.hparams.min_count),
+        }
+        if self.vocab_kind == "wordpiece":
+            key_parts["tokenizer"] = debian.sha256_of(bert_assets.bert_dir() / "tokenizer.json")
+        return cache_path(self.hparams.cache_dir, "lm", key_parts)
+
+    def _encode(self, segments: Iterable[str]) -> np.ndarray:
+        """Token ids of the segments, each followed by the end-of-segment id."""
+        ids = array("i")
+        for chunk in _chunks(segments, _ENCODE_CHUNK):
+            for encoding in self.tokenizer.encode_batch(chunk, add_special_tokens=False):
+                ids.extend(encoding.ids)
+                ids.append(self.eos_id)
+        return np.frombuffer(ids, dtype=np.int32).copy()
+
+    def _load_streams(self) -> dict[str, np.ndarray]:
+        """Token streams per split; sets self.tokenizer (the word-level one is built on train)."""
+        from tokenizers import Tokenizer
+
+        cache = self._cache_path()
+        arrays = load_arrays(cache)
+        if arrays is not None:
+            if self.word_level:
+                self.tokenizer = Tokenizer.from_str(str(arrays["tokenizer"]))
+            return {split: arrays[split] for split in debian.SPLITS}
+        segments = self._segments()
+        if self.word_level:
+            print(f"[lm] building the word vocabulary of the {self.source} training split", flush=True)
+            self.tokenizer = build_word_tokenizer(segments["train"], int(self.hparams.min_count))
+        print(f"[lm] tokenizing {self.source} ({self.vocab_kind})", flush=True)
+        streams = {split: self._encode(segments[split]) for split in debian.SPLITS}
+        if cache is not None:
+            arrays = dict(streams)
+            if self.word_level:
+                arrays["tokenizer"] = np.array(self.tokenizer.to_str())
+            save_arrays(cache, arrays)
+            print(f"[lm] cached the token streams in {cache}", flush=True)
+        return streams
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if not self.word_level:
+            self.tokenizer = bert_assets.load_tokenizer(None)
+        self.streams = self._load_streams()
+        for split, stream in self.streams.items():
+            if len(stream) < 2:
+                raise DataError(
+                    f"the {split} split of {self.files or self.data_dir or self.debian_dir} has "
+                    f"{len(stream)} tokens; give more text or change task.data.fractions"
+                )
+            stride = self.block_size if split == "train" else self.eval_stride
+            self.datasets[split] = TokenWindows(stream, self.eos_id, self.block_size, stride)
+        summary = ", ".join(f"{split} {len(s):,} tokens" for split, s in self.streams.items())
+        print(f"[lm] {self.source}, {self.vocab_kind} vocabulary of {self.tokenizer.get_vocab_size():,}: {summary}; "
+              f"blocks of {self.block_size}, evaluation stride {self.eval_stride}", flush=True)
+
+    # -- what the model needs ------------------------------------------------------------------
+
+    def model_kwargs(self) -> dict:
+        if not self.datasets:
+            self.setup("fit")
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "pad_id": self.pad_id,
+            "eos_id": self.eos_id,
+            "unk_id": self.unk_id,
+            # perplexity per token is per word only with a word-level vocabulary
+            "word_level": self.word_level,
+            "block_size": self.block_size,
+        }
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of token ids (generated samples), one line per segment."""
+        segments = split_segments(ids, self.eos_id, self.pad_id)
+        return "\n".join(self.tokenizer.decode(segment) for segment in segments)
+
+    def token_counts(self) -> dict[str, int]:
+        """Tokens per split, end-of-segment tokens included (what perplexity averages over)."""
+        return {split: len(stream) for split, stream in self.streams.items()}
+
+    # -- loaders -------------------------------------------------------------------------------
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if not self.datasets:
+            self.setup()
+        dataset = self.datasets[split]
+        batch_size = self.hparams.batch_size if shuffle else (self.hparams.eval_batch_size or self.hparams.batch_size)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            # order depends only on (seed, epoch): a resumed run sees the same batches
+            sampler=EpochSeededSampler(len(dataset), int(self.hparams.seed)) if shuffle else None,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+            collate_fn=collate_windows(self.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+
+class _Lines:
+    """The lines of a file, re-read on each iteration (the vocabulary pass, then encoding)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __iter__(self) -> Iterator[str]:
+        return read_lines(self.path)
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
