@@ -7,7 +7,7 @@ real subprocess runs prove the same end to end.
 """
 
 import pytest
-from conftest import QUIET, TINY, run_app, run_cli
+from conftest import QUIET, ROOT, TINY, run_app, run_cli
 from error_cases import CASES, README, make_files, readme_row, run_case, shown
 
 
@@ -100,3 +100,24 @@ def test_real_process_exit_code_and_one_line(bad_files, data_dir, tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and f"{bad_files}/corrupt.ckpt" in lines[-1]
     assert "Traceback" not in proc.stderr
+
+
+# every task; every preset with its task (named <task>_...); the other groups' options
+CONFIGS = [[f"task={p.stem}"] for p in sorted((ROOT / "conf" / "task").glob("*.yaml"))] + [
+    [f"task={p.stem.split('_')[0]}", f"experiment={p.stem}"]
+    for p in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))] + [
+    ["hardware=ddp_cpu", "logger=many", "callbacks=minimal", "debug=overfit"]]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=[" ".join(c) for c in CONFIGS])
+def test_every_shipped_config_passes_validation(overrides, tmp_path):
+    """No false alarms: the configs the project ships are valid (every task, preset, group)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab import config_args
+    from attnlab.config_schema import validate
+
+    config_args.register(ROOT / "conf")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={tmp_path}"])
+    validate(cfg)
