@@ -2,6 +2,7 @@
 on a tiny run of every task, `attnlab.sync` (dry run, and an upload to a stand-in W&B server), and
 checkpoints as artifacts. The runs are made once per module and shared by the tests."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -30,11 +31,16 @@ VQA = ["task=vqa", *TINY["vqa"], *COMMON, "task.module.fusion_heads=2", "trainer
 CLASSIFICATION = {"vqa", "mlm"}  # tasks whose forward gives class logits (calibration)
 
 
-def inspect(fragment) -> dict:
+@functools.cache
+def leet_inspect(fragment, *options: str) -> str:
     """What a W&B offline run holds, read back with W&B's own reader (`wandb leet inspect`)."""
-    out = subprocess.run([*WANDB, "leet", "inspect", "--summary", "--json", str(fragment)],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    return subprocess.run([*WANDB, "leet", "inspect", *options, str(fragment)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def inspect(fragment) -> dict:
+    """The fragment's run id, name, config and last value of every key."""
+    return json.loads(leet_inspect(fragment, "--summary", "--json"))
 
 
 def fragments(job_dir):
@@ -116,9 +122,7 @@ def test_dashboard_keys_are_logged(task, task_runs):
 
 def test_u_is_logged_at_every_step(task_runs):
     first = fragments(task_runs["vqa"])[0]
-    history = subprocess.run([*WANDB, "leet", "inspect", "--json", str(first)], capture_output=True, text=True,
-                             check=True).stdout
-    assert history.count('"hnas/u/layer0"') >= 3
+    assert leet_inspect(first, "--json").count('"hnas/u/layer0"') >= 3
 
 
 def test_sync_dry_run_lists_every_run_once(sweep, tmp_path, data_dir):
@@ -150,7 +154,7 @@ def test_sync_uploads_fragments_into_their_run(sweep, tmp_path, fake_wandb, caps
         assert f"{fake_wandb.url}/{ENTITY}/attnlab/runs/{run_id}" in table
         rows = fake_wandb.history[run_id]
         assert [row["_step"] for row in rows] == list(range(len(rows)))  # every row, once, in order
-        parts = [inspect(f) for f in fragments(job)]
+        parts = [inspect(f) for f in fragments(sweep / job.name)]
         assert len(rows) == sum(p["step"] + 1 for p in parts)  # fragment 2's rows follow fragment 1's
         if len(parts) == 2:
             first = rows[:parts[0]["step"] + 1]
@@ -167,43 +171,54 @@ def test_sync_uploads_fragments_into_their_run(sweep, tmp_path, fake_wandb, caps
     assert again.count("synced before") == 2 and all(f"/runs/{i}" in again for i in ids)
 
 
+def eval_script():
+    """eval.py as a module (its `evaluate_any` is what `python eval.py` runs)."""
+    spec = importlib.util.spec_from_file_location("attnlab_eval_script", ROOT / "eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_eval_from_a_wandb_artifact(sweep, tmp_path, data_dir, monkeypatch):
     """eval.py ckpt_path=wandb:...: the artifact log_model=best wrote holds what eval needs."""
     job = next(sweep.glob("0_*"))
     run_id = json.loads((job / wandb_runs.RUN_FILE).read_text())["id"]
-    records = subprocess.run([*WANDB, "leet", "inspect", "--json", str(fragments(job)[0])], capture_output=True,
-                             text=True, check=True).stdout.splitlines()
-    (artifact,) = [r["artifact"] for r in map(json.loads, records) if r.get("type") == "artifact"
-                   and r["artifact"]["type"] == "model"]
+    records = map(json.loads, leet_inspect(fragments(job)[0], "--json").splitlines())
+    (artifact,) = [r["artifact"] for r in records if r.get("type") == "artifact" and r["artifact"]["type"] == "model"]
     assert (artifact["name"], sorted(artifact["aliases"])) == (f"model-{run_id}", ["best", "latest"])
     contents = {c["path"]: c["local_path"] for c in artifact["manifest"]["contents"]}
     best = next((job / "checkpoints").glob("best-*.ckpt"))
     assert contents == {f"checkpoints/{best.name}": str(best), "config.yaml": str(job / "config.yaml")}
 
-    class Artifact:  # W&B's download, from the files the offline artifact references
+    class Api:  # W&B's download, from the files the offline artifact references
+        def artifact(self, name, type):
+            assert (name, type) == (f"{ENTITY}/attnlab/model-{run_id}:best", "model")
+            return self
+
         def download(self, root):
             for path, local in contents.items():
                 os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
                 shutil.copy(local, os.path.join(root, path))
             return root
 
+    from hydra import compose, initialize_config_dir
+
     import wandb
 
-    monkeypatch.setattr(wandb, "Api", lambda: type("Api", (), {"artifact": lambda self, name, type: Artifact()})())
-    ckpt = wandb_runs.checkpoint_from_artifact(f"wandb:tester/attnlab/model-{run_id}:best", tmp_path)
-    run_cli([f"ckpt_path={ckpt}", "logger=none"], tmp_path, data_dir, script="eval.py")
-    (evaluated,) = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
+    monkeypatch.setattr(wandb, "Api", Api)
+    monkeypatch.setenv("ATTNLAB_DATA", str(data_dir))
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("eval", [f"ckpt_path=wandb:{ENTITY}/attnlab/model-{run_id}:best", f"paths.output_dir={tmp_path}"])
+    evaluated = eval_script().evaluate_any(cfg)
+    assert evaluated["ckpt_path"].startswith(str(tmp_path / "artifacts"))
     tested = json.loads((job / "metrics.json").read_text())
     assert evaluated["metrics"]["test/acc"] == pytest.approx(tested["metrics"]["test/acc"], abs=1e-6)
 
 
 def test_wandb_checkpoint_path_errors(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("attnlab_eval_script", ROOT / "eval.py")
-    eval_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(eval_script)
     cfg = OmegaConf.create({"ckpt_path": "wandb:model-1:best", "paths": {"output_dir": str(tmp_path)}})
     with pytest.raises(wandb_runs.ConfigError, match=re.escape("wandb:<entity>/<project>/<artifact>:<alias>")):
-        eval_script.evaluate_any(cfg)
+        eval_script().evaluate_any(cfg)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # not logged in
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
