@@ -224,3 +224,22 @@ def test_wandb_checkpoint_path_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     with pytest.raises(wandb_runs.ConfigError, match="needs a W&B server: `wandb login`"):
         wandb_runs.checkpoint_from_artifact("wandb:me/attnlab/model-1:best", tmp_path)
+
+
+def test_logger_settings(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = OmegaConf.create({"model": {"name": "dnas"}, "task": {"name": "mlm"}, "seed": 3,
+                            "paths": {"output_dir": str(tmp_path)}})
+    conf = OmegaConf.create({"name": None, "group": None, "id": None, "offline": True, "log_model": False})
+    first = wandb_runs.logger_kwargs(cfg, conf, group="sweep-a")
+    assert first == {"id": first["id"], "resume": "allow", "name": "dnas-mlm-seed3", "group": "sweep-a"}
+    assert re.fullmatch(r"[a-z0-9]{8}", first["id"])
+    # resumed by another command (a single run, another seed): same run, name and group
+    cfg.seed = 42
+    assert wandb_runs.logger_kwargs(cfg, conf, group="mlm") == first
+    for log_model, message in [(True, "needs an online run"), ("every", "use false, best")]:
+        conf.log_model = log_model
+        with pytest.raises(wandb_runs.ConfigError, match=message):
+            wandb_runs.logger_kwargs(cfg, conf, group="mlm")
+    conf.log_model = "best"  # attnlab's upload, not Lightning's (which refuses offline runs)
+    assert wandb_runs.logger_kwargs(cfg, conf, group="mlm")["log_model"] is False

@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tasks, table, group = task_metrics(), "", args.group
+        if not tasks and args.sweep_dir is None:
+            raise ConfigError(f"no task config under {CONF_DIR / 'task'}: run from the attnlab checkout "
+                              f"(or set ATTNLAB_ROOT to it), or pass --sweep-dir")
         if args.sweep_dir is not None:
             tasks, table = sweep_contents(args.sweep_dir)
             group = group or args.sweep_dir.resolve().name
