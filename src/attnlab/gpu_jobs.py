@@ -14,7 +14,6 @@ the extra ones share GPU i mod n (said once per worker).
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,8 @@ def visible_gpus() -> list[str]:
 
 def claim_gpu(job_num: int, gpus: list[str], lock_dir: Path) -> tuple[str, object | None]:
     """GPU `job_num mod n` if free, else the next free one; (gpu, open lock file) or (gpu, None) shared."""
+    import fcntl  # POSIX; imported here so that the callback never stops a run elsewhere
+
     lock_dir.mkdir(parents=True, exist_ok=True)
     n = len(gpus)
     for k in range(n):
