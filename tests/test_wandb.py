@@ -60,6 +60,7 @@ def sweep(tmp_path_factory, data_dir):
     while time.time() < deadline and not ckpts and proc.poll() is None:
         time.sleep(0.05)
         ckpts = list((tmp / "outputs" / "multirun").glob("*/1_*/checkpoints/last.ckpt"))
+    assert ckpts, "the sweep's second job wrote no checkpoint"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=300) == 143, "the sweep was not preempted during the second job's training"
     assert torch.load(ckpts[0], weights_only=False)["epoch"] < 2
