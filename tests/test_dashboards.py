@@ -12,11 +12,13 @@ from attnlab import dashboards
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "dashboard_spec.json"
 GROUP = "2026-01-02_03-04-05_000006"
+# fixed, so that the snapshot does not change when a task is added (test_metric_sections_come_from_the_tasks)
+TASKS = {"vqa": "val/acc", "mlm": "val/acc", "headline": "val/rougeL"}
 TABLE = "| configuration | seeds | test/acc |\n|---|---|---|\n| model=hnas task=vqa | 3 | 0.6770 ± 0.0030 |"
 
 
 def build_spec() -> dict:
-    return dashboards.spec(ENTITY, "attnlab", dashboards.task_metrics(), GROUP, TABLE)
+    return dashboards.spec(ENTITY, "attnlab", TASKS, GROUP, TABLE)
 
 
 def test_spec_matches_the_snapshot():
@@ -66,7 +68,7 @@ def fake_wandb(monkeypatch):
 
 
 def test_save_sends_the_spec(fake_wandb):
-    urls = dashboards.save(ENTITY, "attnlab", dashboards.task_metrics(), GROUP, TABLE)
+    urls = dashboards.save(ENTITY, "attnlab", TASKS, GROUP, TABLE)
     assert urls[0].startswith(f"{fake_wandb.url}/{ENTITY}/attnlab?nw=")
     assert urls[1].startswith(f"{fake_wandb.url}/{ENTITY}/attnlab/reports/")
     views = [r["variables"] for r in fake_wandb.requests if "upsertView" in r.get("query", "")]
