@@ -1,22 +1,34 @@
-"""Evaluate a checkpoint: python eval.py ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt"""
+"""Evaluate a checkpoint: python eval.py ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt
+
+or one logged with logger.wandb.log_model=best: python eval.py ckpt_path=wandb:<entity>/<project>/<artifact>:<alias>
+"""
 
 import os
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("ATTNLAB_ROOT", ROOT)
 sys.path.insert(0, ROOT)
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from attnlab import cli
 from attnlab.runner import evaluate, run_job
+from attnlab.wandb_runs import WANDB_PREFIX, checkpoint_from_artifact
+
+
+def evaluate_any(cfg: DictConfig) -> dict:
+    if str(cfg.ckpt_path).startswith(WANDB_PREFIX):  # a W&B artifact: download it into this eval's dir
+        with open_dict(cfg):
+            cfg.ckpt_path = checkpoint_from_artifact(str(cfg.ckpt_path), Path(cfg.paths.output_dir) / "artifacts")
+    return evaluate(cfg)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    run_job(evaluate, cfg)
+    run_job(evaluate_any, cfg)
 
 
 if __name__ == "__main__":

@@ -105,22 +105,6 @@ def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path, data_dir):
              f"ckpt_path={ckpts[0]}"], tmp_path, data_dir)
 
 
-def test_wandb_offline_run_holds_u_history_and_histograms(tmp_path, data_dir):
-    run_cli(["task=vqa", "model=hnas", *TINY["vqa"], "logger=wandb", "callbacks.progress_bar=null",
-             "callbacks.hybrid_weights.every_n_steps=1", "trainer.max_epochs=2"], tmp_path, data_dir)
-    record = final_metrics(tmp_path)
-    run_dir = record["wandb_dir"]
-    assert "offline-run" in run_dir and record["wandb_offline"]
-    wandb_bin = os.path.join(os.path.dirname(sys.executable), "wandb")
-    summary = subprocess.run([wandb_bin, "leet", "inspect", "--summary", "--json", run_dir],
-                             capture_output=True, text=True, check=True).stdout
-    assert "hnas/u/layer0" in summary
-    assert "explained_away/layer0/log_col_sum" in summary and "histogram" in summary.lower()
-    history = subprocess.run([wandb_bin, "leet", "inspect", "--json", run_dir],
-                             capture_output=True, text=True, check=True).stdout
-    # u was logged at every step: many history records carry it
-    assert history.count('"hnas/u/layer0"') >= 3
-    assert "test/acc" in summary
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab import checkpoints, logger_guard
+from attnlab import checkpoints, logger_guard, wandb_runs
 from attnlab.attention import AttentionSpec, hybrid_u_per_layer, names
 from attnlab.config_schema import validate
 from attnlab.errors import (
@@ -66,16 +66,10 @@ def build_loggers(cfg: DictConfig) -> list:
             continue
         kwargs: dict[str, Any] = {}
         if "WandbLogger" in conf._target_:
-            # offline unless the user opted in; one run per job, named model-task-seed, grouped by sweep
-            if os.environ.get("WANDB_MODE", "").lower() == "online":
-                kwargs["offline"] = False
-            if conf.get("name") is None:
-                kwargs["name"] = f"{cfg.model.name}-{cfg.task.name}-seed{cfg.seed}"
-            if conf.get("group") is None:
-                kwargs["group"] = (
-                    Path(HydraConfig.get().sweep.dir).name if is_multirun() else f"{cfg.task.name}"
-                )
-            os.environ.setdefault("WANDB_SILENT", "true")
+            # offline unless the user opted in; one run per job (its id kept in the run dir, so a
+            # resumed job continues it), named model-task-seed, grouped by sweep
+            group = Path(HydraConfig.get().sweep.dir).name if is_multirun() else f"{cfg.task.name}"
+            kwargs = wandb_runs.logger_kwargs(cfg, conf, group)
         loggers.append(hydra.utils.instantiate(conf, **kwargs))
     return loggers
 
@@ -189,8 +183,8 @@ def print_summary(title: str, record: dict) -> None:
     if "wandb_run" in record:
         mode = "offline" if record.get("wandb_offline", True) else "online"
         console.print(f"W&B run ({mode}): {record['wandb_run']}  dir: {record['wandb_dir']}")
-        if record.get("wandb_offline", True):
-            console.print(f"  upload with: wandb sync {record['wandb_dir']}")
+        if record.get("wandb_offline", True):  # every fragment of a resumed run, into one run
+            console.print(f"  upload with: python -m attnlab.sync {record['run_dir']}")
 
 
 # ----------------------------------------------------------------------------- train
@@ -258,6 +252,7 @@ def train(cfg: DictConfig) -> dict:
             best = None  # no checkpoint: test the weights as they are
         trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=False)
         metrics.update(to_float_dict(trainer.callback_metrics))
+    wandb_runs.log_best_checkpoint(cfg, trainer, logger_guard.alive(loggers))  # logger.wandb.log_model=best
     # analyses that run their own evaluations on the final (tested) weights, e.g. HeadImportance
     for callback in callbacks:
         if hasattr(callback, "after_test"):
