@@ -68,7 +68,7 @@ def user_error_message(exc: BaseException, argv: Iterable[str] = ()) -> str | No
         MissingConfigException,
         OverrideParseException,
     )
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
         # errors raised inside a constructor reach us wrapped in "Error in call to target ..."
@@ -92,6 +92,9 @@ def user_error_message(exc: BaseException, argv: Iterable[str] = ()) -> str | No
         return _unknown_key(exc, exc.__cause__, argv)
     if isinstance(exc, CompactHydraException):
         return _one_line(str(exc))
+    if isinstance(exc, MissingMandatoryValue):
+        key = getattr(exc, "full_key", None) or "a key"
+        return f"{key} has no value (??? in the config): give it on the command line, e.g. {key}=..."
     if isinstance(exc, OmegaConfBaseException):
         key = getattr(exc, "full_key", None)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
