@@ -9,7 +9,7 @@ Lin et al.'s self-attentive sentence embedding pools the encoder states H (n x 2
 learned queries (`hop_queries`), the keys are tanh(W_s1 h_j) (W_s1 is the module's `k_proj`,
 without bias, as Lin's), the values the states h_j themselves (no value or output projection),
 and the query scale sqrt(d) that every scheme divides by is multiplied into the queries, so the
-logits are Lin's W_s2 tanh(W_s1 H^T) to the last bit and `model=unas` is Lin's model. The weights
+logits are Lin's W_s2 tanh(W_s1 H^T) (up to float rounding) and `model=unas` is Lin's model. The weights
 then come from the scheme of `model=`, with the hops as the queries and the tokens as the keys:
 
 - unas: softmax over the tokens of each hop (Lin et al.);
@@ -18,6 +18,9 @@ then come from the scheme of `model=`, with the hops as the queries and the toke
   (sum_i A_ij >= 1/n, the lemma); hnas mixes the two with a trainable u;
 - any other registered normalizer or logit transform likewise (a cascade scheme such as CODA sees
   a stack of depth 1: its noise only).
+
+No dropout on the keys' input (Lin et al.'s code drops H out before W_s1, the published SVGD code
+does not): `hop_weights` recomputes A from the same logits as `forward` for Lin's penalty.
 
 One attention head by default (Lin's): the r hops are the queries of that head, so records
 (`record_attention`) hold A as weights (B, 1, r, n) and M as head outputs (B, 1, r, 2u), and the
