@@ -23,6 +23,12 @@ particle set per projection (`grouping: per_projection`, as the published code c
 Modules without v_proj (VQA fusion, project_values=False) contribute Q and K only; modules with
 a single head have no second particle and are skipped (said once).
 
+A module may declare its particles instead: a method `particles()` returning parameters whose
+first dimension has one row per particle (e.g. the classify task's `HopAttention`: the rows of
+Lin et al.'s W_s2, one per attention hop, as the published code's SVGD). RepulsiveAttention then
+moves those rows (`projections`, `grouping`, `include_bias` do not apply to it), and MA+R takes
+the module's output (B, M, d) as the M particles' outputs.
+
 `DisagreementRegularizer` (the paper's MA+R baseline) adds `weight * mean_{i,j} cos(O_i, O_j)` to
 the training loss for every selected module (Li et al. 2018's disagreement on outputs, summed
 over modules, averaged over positions): O_h is head h's output before the output projection.
@@ -93,6 +99,12 @@ def particle_parameters(module: MultiHeadAttention, projections: Sequence[str], 
         if include_bias and linear.bias is not None:
             params.append(linear.bias)
     return params
+
+
+def particle_count(module: MultiHeadAttention) -> int:
+    """Particles of a module: the rows of its declared `particles()` (e.g. attention hops), else its heads."""
+    declared = getattr(module, "particles", None)
+    return int(declared()[0].shape[0]) if declared is not None else module.num_heads
 
 
 def select_modules(model, stacks: Sequence[str], layers) -> list[tuple[str, MultiHeadAttention]]:
@@ -166,7 +178,10 @@ class RepulsiveAttention(pl.Callback):
         """(name, module, [parameter lists, one per particle set]) of every module it updates."""
         out = []
         for name, module in select_modules(model, self.stacks, self.layers):
-            if module.num_heads < 2:
+            if particle_count(module) < 2:
+                continue
+            if hasattr(module, "particles"):  # declared by the module (see the module docstring)
+                out.append((name, module, [list(module.particles())]))
                 continue
             params = particle_parameters(module, self.projections, self.include_bias)
             if not params:
@@ -191,7 +206,7 @@ class RepulsiveAttention(pl.Callback):
         """Replace the gradients of every particle set by the SVGD/SPOS direction (in place)."""
         distances = []
         for index, (_, module, sets) in enumerate(self.groups(model)):
-            h = module.num_heads
+            h = particle_count(module)
             for j, params in enumerate(sets):
                 if any(p.grad is None for p in params):
                     continue
@@ -213,10 +228,13 @@ class RepulsiveAttention(pl.Callback):
         self._announced = True
         groups = self.groups(pl_module)
         chosen = select_modules(pl_module, self.stacks, self.layers)
-        single = [n for n, m in chosen if m.num_heads < 2]
+        single = [n for n, m in chosen if particle_count(m) < 2]
+        declared = [n for n, m, _ in groups if hasattr(m, "particles")]
         msg = (f"[attnlab] repulsive attention ({self.method}): {len(groups)} attention modules, "
                f"particles = per-head rows of {'/'.join(self.projections)}_proj"
                f"{' (+bias)' if self.include_bias else ''} ({self.grouping})")
+        if declared:
+            msg += f"; declared particles() (e.g. attention hops) of {declared}"
         if single:
             msg += f"; skipped {len(single)} single-head module(s) (one particle, nothing to repel): {single}"
         if not groups:
@@ -258,13 +276,16 @@ class DisagreementRegularizer(pl.Callback):
 
     def _collect(self, module: MultiHeadAttention, merged: Tensor) -> None:
         if module.training and torch.is_grad_enabled():
+            if hasattr(module, "particles"):  # its output (B, M, d) holds the particles' outputs
+                self._terms.append(disagreement(merged))
+                return
             b, s, e = merged.shape
             self._terms.append(disagreement(merged.view(b, s, module.num_heads, e // module.num_heads)))
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if m.num_heads > 1]
+        mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if particle_count(m) > 1]
         for _, m in mods:
-            if m.out_proj is not None:  # its input is the concatenation of the head outputs
+            if m.out_proj is not None and not hasattr(m, "particles"):  # its input is the concatenation of the head outputs
                 hook = m.out_proj.register_forward_pre_hook(
                     functools.partial(lambda mod, _lin, args: self._collect(mod, args[0]), m))
             else:  # project_values=False: the module's output is the concatenation
