@@ -3,9 +3,12 @@ and the command end to end on one claim with real (tiny) training runs."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from attnlab.reproduce import CLAIMS
 from attnlab.reproduce.plan import Plan, Run, group_sweeps
@@ -87,3 +90,20 @@ def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path):
     assert HOLDS in row or NOT_AT_SCALE in row
     assert "| vqa | 0 |" in report and "| vqa | 1 |" in report
     assert "mlm: not run (not selected with --tasks)" in report
+
+
+@pytest.mark.slow
+def test_reproduce_quick_writes_every_claim(tmp_path):
+    """The whole --quick reproduction (about 15 minutes on 2 quiet cores): every claim gets a row
+    with a verdict, and every figure it names is beside the report."""
+    out = tmp_path / "report"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-m", "attnlab.reproduce", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3 * 3600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (out / "REPORT.md").read_text()
+    for claim in CLAIMS.values():
+        row = next(line for line in report.splitlines() if line.startswith(f"| {claim.TITLE} ("))
+        assert any(v in row for v in (HOLDS, NOT_AT_SCALE, NOT_RUN)), row
+    for name in re.findall(r"!\[[^]]*\]\(([^)]+)\)", report):
+        assert (out / name).is_file(), name
