@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from attnlab import report
 from attnlab.attention import attention_weights
 from attnlab.reproduce.plan import Plan, Run
 from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, ClaimResult, Results, not_run
@@ -68,13 +69,9 @@ def runs(plan: Plan) -> list[Run]:
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error over the seeds that finished (NaN, NaN if none)."""
     values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return math.nan, math.nan
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return report.mean_se(values) if values else (math.nan, math.nan)
 
 
 def _cell(stat: tuple[float, float]) -> str:
