@@ -90,6 +90,10 @@ def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path):
     assert HOLDS in row or NOT_AT_SCALE in row
     assert "| vqa | 0 |" in report and "| vqa | 1 |" in report
     assert "mlm: not run (not selected with --tasks)" in report
+    # started again with the same --out, the finished sweep is reused, not trained again
+    again = subprocess.run([*cmd[:4], "explaining_away", *cmd[5:]], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600, check=False)
+    assert again.returncode == 0 and "reusing its 2 finished run(s)" in again.stdout, again.stdout[-2000:]
 
 
 @pytest.mark.slow

@@ -52,6 +52,7 @@ def plot(per_task: dict[str, tuple[list[list[float]], float | None]], path: Path
         if init is not None:
             ax.axhline(init, color="tab:red", ls="--", lw=1, label="initial u")
         ax.set_ylim(0, 1)
+        ax.set_xticks(range(len(layers)))
         ax.set_xlabel("attention layer")
         ax.set_title(f"{task}: u (1 = DNAS, 0 = UNAS)", fontsize=9)
     axes[0][0].set_ylabel("u after training (dots: heads)")
