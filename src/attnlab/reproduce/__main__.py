@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, load_before = time.time(), os.getloadavg()[0]
+    start, load_before, commit = time.time(), os.getloadavg()[0], git_commit(root)  # what the runs train
     print(f"[reproduce] {args.mode}: claims {', '.join(names)}; {sum(len(s.runs) for s in sweeps)} training runs "
           f"in {len(sweeps)} sweep(s), {args.jobs} at a time -> {out_dir}", flush=True)
     results = run_sweeps(sweeps, plan, out_dir, args.jobs) if sweeps else Results()
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                         ours=f"evaluation failed: {type(exc).__name__}: {exc}", setting="—",
                                         seeds="—", verdict=NOT_RUN))
     meta = {"command": "python -m attnlab.reproduce " + " ".join(sys.argv[1:] if argv is None else argv),
-            "mode": args.mode, "commit": git_commit(root), "started": stamp, "machine": machine(),
+            "mode": args.mode, "commit": commit, "started": stamp, "machine": machine(),
             "load_before": f"{load_before:.1f}", "load_after": f"{os.getloadavg()[0]:.1f}", "jobs": args.jobs,
             "wall_s": time.time() - start}
     report = write_report(out_dir, outcomes, meta)
