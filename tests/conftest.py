@@ -40,6 +40,13 @@ TINY: dict[str, list[str]] = {
         "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_decode_length=6",
         "task.module.beam_size=2", "trainer.max_epochs=1",
     ],
+    "classify": [
+        "task.source=tsv", f"task.data_dir={FIXTURES / 'classify' / 'reviews'}", "task.data.tokenizer=word",
+        "task.data.min_frequency=1", "task.data.max_length=16", "task.datamodule.batch_size=8",
+        "task.module.embed_dim=16", "task.module.hidden_dim=8", "task.module.d_model=16", "task.module.nhead=2",
+        "task.module.num_layers=2", "task.module.dim_feedforward=32", "task.module.hops=3",
+        "task.module.attention_unit=8", "task.module.fc_dim=16", "trainer.max_epochs=1",
+    ],
 }
 # fast, quiet defaults for every CLI test run
 QUIET = ["logger=csv", "callbacks.progress_bar=null", "trainer.enable_model_summary=false"]

@@ -65,15 +65,39 @@ def test_repulsion_pushes_particles_apart():
     assert torch.pdist(moved).sum() > torch.pdist(THETA).sum()
 
 
-def test_spos_adds_the_langevin_terms():
+def test_median_bandwidth_averages_the_two_middle_values_of_an_even_count():
+    # 4 particles on a line at 0, 1, 3, 6: the 16 entries of the squared-distance matrix sorted are
+    # 0 0 0 0 1 1 4 4 | 9 9 9 9 25 25 36 36; their median (numpy.median, the published code's
+    # mean of the lower and higher 50th percentiles) is (4 + 9) / 2, not the lower middle value 4
+    line = torch.tensor([[0.0], [1.0], [3.0], [6.0]], dtype=torch.float64)
+    _, _, h = rbf_kernel(line)
+    assert h == pytest.approx(0.5 * 6.5 / math.log(5))
+
+
+def test_spos_adds_the_langevin_terms_of_the_paper():
+    # Eq. 5 of the paper: + beta g - sqrt(2 beta / step_size) N(0, I), the noise unscaled
+    beta, step = 0.3, 0.05
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    noise = torch.randn(THETA.shape, generator=g2, dtype=THETA.dtype)
+    expected = svgd_gradient(THETA, GRAD, 0.5) + beta * GRAD - math.sqrt(2 * beta / step) * noise
+    torch.testing.assert_close(spos_gradient(THETA, GRAD, 0.5, beta, step, g1), expected)
+    # beta = 0: no Langevin term, SVGD exactly
+    torch.testing.assert_close(spos_gradient(THETA, GRAD, 0.5, 0.0, step), svgd_gradient(THETA, GRAD, 0.5))
+
+
+def test_spos_noise_scaled_by_the_median_gradient_is_an_option():
+    # the published PyTorch code's variant: the noise times median|g|, torch.median's lower middle
+    # value (|GRAD| sorted: 0.25 0.5 0.75 1 1.5 2 -> 0.75), as before this option existed
     beta, step = 0.3, 0.05
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     noise = torch.randn(THETA.shape, generator=g2, dtype=THETA.dtype)
     expected = (svgd_gradient(THETA, GRAD, 0.5) + beta * GRAD
-                - math.sqrt(2 * beta / step) * GRAD.abs().median() * noise)
-    torch.testing.assert_close(spos_gradient(THETA, GRAD, 0.5, beta, step, g1), expected)
-    # beta = 0: no Langevin term, SVGD exactly
-    torch.testing.assert_close(spos_gradient(THETA, GRAD, 0.5, 0.0, step), svgd_gradient(THETA, GRAD, 0.5))
+                - math.sqrt(2 * beta / step) * 0.75 * noise)
+    got = spos_gradient(THETA, GRAD, 0.5, beta, step, g1, noise="grad_median")
+    torch.testing.assert_close(got, expected)
+    assert RepulsiveAttention(method="spos").spos_noise == "paper"
+    with pytest.raises(ConfigError, match="spos_noise"):
+        RepulsiveAttention(method="spos", spos_noise="median")
 
 
 def test_the_particle_of_head_h_is_the_rows_that_produce_head_h():

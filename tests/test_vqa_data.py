@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.errors import DataError
+from attnlab.errors import ConfigError, DataError
 from tasks.vqa import synthetic
 from tasks.vqa.datamodule import VQADataModule, build_answer_vocab
 from tasks.vqa.vqav2 import MMFFeatures, read_split
@@ -324,3 +324,43 @@ def test_synthetic_batches_carry_the_analysis_fields(tmp_path):
     np.testing.assert_allclose(
         batch["features"][..., :-4].numpy(), arrays["val_features"][images].astype(np.float32)
     )
+
+
+def test_mirror_primary_gives_every_primary_box_a_secondary_near_duplicate():
+    """The explaining-away variant: each secondary view shows every object the primary view sees
+    and proposes the same background regions (with their texture); the boxes of objects the
+    primary misses are then the only secondary boxes without a primary box on top of them."""
+    params = synthetic.SyntheticParams(seed=0, mirror_primary=True, n_train_images=150, n_val_images=4,
+                                       n_test_images=4)
+    data = synthetic.generate(params)
+    seen = data["train_object_seen"]
+    assert seen[seen[:, 0]].all()  # what the primary sees, every view sees
+    assert seen.any(axis=1).all() and (~seen[:, 0]).mean() > 0.3
+    center = data["train_bbox"].astype(np.float32)
+    center = (center[..., :2] + center[..., 2:]) / 2
+    kinds = synthetic.box_kinds(data, "train")
+    nearest = {k: [] for k in synthetic.BOX_KINDS}
+    for i in range(len(center)):
+        primary = center[i, 0, : data["train_num_boxes"][i, 0]]
+        for v in (1, 2):
+            for n in range(data["train_num_boxes"][i, v]):
+                d = np.linalg.norm(primary - center[i, v, n], axis=1).min()
+                nearest[synthetic.BOX_KINDS[kinds[i, v, n]]].append(d)
+    assert np.median(nearest["background"]) < 0.03 and np.median(nearest["visible"]) < 0.03
+    assert np.median(nearest["hidden"]) > 0.08
+    # the default data do not change with the option off (no extra random draws)
+    default = synthetic.generate(synthetic.SyntheticParams(seed=0, **TINY))
+    explicit = synthetic.generate(synthetic.SyntheticParams(seed=0, mirror_primary=False, feature_scale=1.0, **TINY))
+    for key in default:
+        np.testing.assert_array_equal(default[key], explicit[key])
+
+
+def test_feature_scale_multiplies_the_features_only():
+    base = synthetic.generate(synthetic.SyntheticParams(seed=0, **TINY))
+    scaled = synthetic.generate(synthetic.SyntheticParams(seed=0, feature_scale=3.0, **TINY))
+    np.testing.assert_allclose(scaled["train_features"].astype(np.float32),
+                               3.0 * base["train_features"].astype(np.float32), rtol=2e-3, atol=2e-3)
+    for key in ("train_bbox", "train_answers", "test_box_object"):
+        np.testing.assert_array_equal(scaled[key], base[key])
+    with pytest.raises(ConfigError, match="feature_scale"):
+        synthetic.SyntheticParams(feature_scale=0.0)

@@ -126,3 +126,54 @@ def test_metric_rejects_unknown_question_type():
     metric = VQAAccuracy(["a"])
     with pytest.raises(ValueError, match="known question types"):
         metric.update(["x"], [["x"] * 10], ["zzz"])
+
+
+# The official table (GT-Vision-Lab/VQA, vqaEval.py `contractions`) maps listed spellings only,
+# one word at a time, after lower-casing; each case below is read off that table by hand.
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        # real words that are not keys of the official table stay as they are
+        ("well", "well"),
+        ("shell", "shell"),
+        ("its", "its"),
+        ("ill", "ill"),
+        ("hell", "hell"),
+        ("wed", "wed"),
+        ("were", "were"),
+        ("id", "id"),
+        ("lets", "lets"),
+        # keys of the official table
+        ("twas", "'twas"),
+        ("yall'll", "y'all'll"),
+        ("y'allll", "y'all'll"),
+        ("yall", "y'all"),
+        ("oclock", "o'clock"),
+        ("ow's'at", "'ow's'at"),
+        ("couldnt've", "couldn't've"),
+        ("hes", "he's"),
+        ("whats that", "what's that"),
+        # the official table maps this one backwards; kept
+        ("somebody'd", "somebodyd"),
+        # its capitalised keys (Im, Ive, Id've) never match: the table is applied after lower-casing
+        ("Im", "im"),
+        ("Ive", "ive"),
+        ("Id've", "id've"),
+        # spellings the table does not list stay, even where a contraction is meant
+        ("couldntve", "couldntve"),
+        ("didn't", "didn't"),
+        ("wouldnt've", "wouldn't've"),
+        ("wouldntve", "wouldntve"),
+    ],
+)
+def test_contractions_follow_the_official_table(raw, expected):
+    assert normalize_answer(raw) == expected
+
+
+def test_scores_with_words_the_official_table_leaves_alone():
+    # "well" is not a key of the official table: 3 annotators said "well", 7 "we'll"
+    answers = ["we'll"] * 7 + ["well"] * 3
+    assert vqa_accuracy("well", answers) == pytest.approx(0.9)
+    assert vqa_accuracy("we'll", answers) == pytest.approx(1.0)
+    assert vqa_accuracy("its", ["it's"] * 10) == 0.0
+    assert vqa_accuracy("twas", ["'twas"] * 2 + ["no"] * 8) == pytest.approx(0.6)

@@ -202,9 +202,8 @@ def test_eval_from_a_wandb_artifact(sweep, tmp_path, data_dir, monkeypatch):
                 shutil.copy(local, os.path.join(root, path))
             return root
 
-    from hydra import compose, initialize_config_dir
-
     import wandb
+    from hydra import compose, initialize_config_dir
 
     monkeypatch.setattr(wandb, "Api", Api)
     monkeypatch.setenv("ATTNLAB_DATA", str(data_dir))

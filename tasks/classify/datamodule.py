@@ -41,7 +41,7 @@ class ClassifyDataModule(pl.LightningDataModule):
         header: str = "auto",
         tokenizer: str = "wordpiece",
         max_length: int = 128,
-        vocab_size: int = 30000,
+        max_vocab_size: int = 30000,
         min_frequency: int = 2,
         max_train_examples: int | None = None,
         max_eval_examples: int | None = None,
@@ -78,7 +78,7 @@ class ClassifyDataModule(pl.LightningDataModule):
         train = corpus.splits["train"]
         self.tokenizer = build_tokenizer(
             hp.tokenizer, [e.text for e in train] + [e.text_b for e in train if e.text_b is not None],
-            hp.vocab_size, hp.min_frequency,
+            hp.max_vocab_size, hp.min_frequency,
         )
         self.corpus = corpus
         for split in corpus.splits:

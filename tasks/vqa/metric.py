@@ -2,8 +2,9 @@
 
 An answer's accuracy on one question is `min(#annotators who gave it / 3, 1)`, averaged over the
 10 subsets of 9 annotators (leave one out). Answers are compared after the official
-normalization: lower-case, punctuation removed, number words to digits, articles dropped,
-contractions restored.
+normalization: lower-case, punctuation removed, number words to digits, articles dropped, and
+the official contraction table ("dont" -> "don't"; words it does not list, such as "well" or
+"its", stay as they are).
 
 One deliberate difference from the official script: it normalizes only when the 10 ground-truth
 answers disagree; here both sides are always normalized, so "Two" and "2" always match.
@@ -19,7 +20,6 @@ Two ways to feed the metric:
 from __future__ import annotations
 
 import functools
-import itertools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -74,132 +74,118 @@ _PERIOD = re.compile(r"\.(?!\d)")
 # "1,000": when a digit-comma-digit occurs, punctuation is deleted rather than replaced by a space.
 _DIGIT_COMMA_DIGIT = re.compile(r"\d,\d")
 
-# Contractions in their written form. Annotators often drop (some of) the apostrophes; every such
-# variant maps back to the written form.
-_CONTRACTIONS = [
-    "ain't",
-    "aren't",
-    "can't",
-    "could've",
-    "couldn't",
-    "couldn't've",
-    "didn't",
-    "doesn't",
-    "don't",
-    "hadn't",
-    "hadn't've",
-    "hasn't",
-    "haven't",
-    "he'd",
-    "he'd've",
-    "he'll",
-    "he's",
-    "how'd",
-    "how'll",
-    "how's",
-    "i'd",
-    "i'd've",
-    "i'll",
-    "i'm",
-    "i've",
-    "isn't",
-    "it'd",
-    "it'd've",
-    "it'll",
-    "it's",
-    "let's",
-    "ma'am",
-    "mightn't",
-    "mightn't've",
-    "might've",
-    "mustn't",
-    "must've",
-    "needn't",
-    "not've",
-    "o'clock",
-    "oughtn't",
-    "shan't",
-    "she'd",
-    "she'd've",
-    "she'll",
-    "she's",
-    "should've",
-    "shouldn't",
-    "shouldn't've",
-    "somebody'd",
-    "somebody'd've",
-    "somebody'll",
-    "somebody's",
-    "someone'd",
-    "someone'd've",
-    "someone'll",
-    "someone's",
-    "something'd",
-    "something'd've",
-    "something'll",
-    "that's",
-    "there'd",
-    "there'd've",
-    "there're",
-    "there's",
-    "they'd",
-    "they'd've",
-    "they'll",
-    "they're",
-    "they've",
-    "wasn't",
-    "we'd",
-    "we'd've",
-    "we'll",
-    "we're",
-    "we've",
-    "weren't",
-    "what'll",
-    "what're",
-    "what's",
-    "what've",
-    "when's",
-    "where'd",
-    "where's",
-    "where've",
-    "who'd",
-    "who'd've",
-    "who'll",
-    "who's",
-    "who've",
-    "why'll",
-    "why're",
-    "why's",
-    "won't",
-    "would've",
-    "wouldn't",
-    "wouldn't've",
-    "y'all",
-    "y'all'd've",
-    "you'd",
-    "you'd've",
-    "you'll",
-    "you're",
-    "you've",
-]
-
-
-def _apostrophe_variants(word: str) -> list[str]:
-    """All spellings of `word` with a non-empty subset of its apostrophes removed."""
-    parts = word.split("'")
-    variants = []
-    for keep in itertools.product((True, False), repeat=len(parts) - 1):
-        if all(keep):
-            continue
-        text = parts[0]
-        for kept, part in zip(keep, parts[1:]):
-            text += ("'" if kept else "") + part
-        variants.append(text)
-    return variants
-
-
+# The contraction table of the official evaluation (GT-Vision-Lab/VQA, vqaEval.py), listed here by
+# the form it writes, with the spellings that the official table maps to it. Official semantics:
+# one dictionary lookup per word, after lower-casing, number mapping and article removal; only the
+# spellings listed are mapped (real words such as "well", "its", "ill", "wed" stay as they are).
+# Kept as the official table has them, so that scores equal the official script's:
+# - capitalised spellings (Id've, I'dve, Im, Ive) that never match a lower-cased word;
+# - identity entries (let's, she's);
+# - "somebody'd" -> "somebodyd", the reverse of every other entry.
+_OFFICIAL_CONTRACTIONS: dict[str, tuple[str, ...]] = {
+    "ain't": ("aint",),
+    "aren't": ("arent",),
+    "can't": ("cant",),
+    "could've": ("couldve",),
+    "couldn't": ("couldnt",),
+    "couldn't've": ("couldn'tve", "couldnt've"),
+    "didn't": ("didnt",),
+    "doesn't": ("doesnt",),
+    "don't": ("dont",),
+    "hadn't": ("hadnt",),
+    "hadn't've": ("hadnt've", "hadn'tve"),
+    "hasn't": ("hasnt",),
+    "haven't": ("havent",),
+    "he'd": ("hed",),
+    "he'd've": ("hed've", "he'dve"),
+    "he's": ("hes",),
+    "how'd": ("howd",),
+    "how'll": ("howll",),
+    "how's": ("hows",),
+    "I'd've": ("Id've", "I'dve"),
+    "I'm": ("Im",),
+    "I've": ("Ive",),
+    "isn't": ("isnt",),
+    "it'd": ("itd",),
+    "it'd've": ("itd've", "it'dve"),
+    "it'll": ("itll",),
+    "let's": ("let's",),
+    "ma'am": ("maam",),
+    "mightn't": ("mightnt",),
+    "mightn't've": ("mightnt've", "mightn'tve"),
+    "might've": ("mightve",),
+    "mustn't": ("mustnt",),
+    "must've": ("mustve",),
+    "needn't": ("neednt",),
+    "not've": ("notve",),
+    "o'clock": ("oclock",),
+    "oughtn't": ("oughtnt",),
+    "'ow's'at": ("ow's'at", "'ows'at", "'ow'sat"),
+    "shan't": ("shant",),
+    "she'd've": ("shed've", "she'dve"),
+    "she's": ("she's",),
+    "should've": ("shouldve",),
+    "shouldn't": ("shouldnt",),
+    "shouldn't've": ("shouldnt've", "shouldn'tve"),
+    "somebodyd": ("somebody'd",),
+    "somebody'd've": ("somebodyd've", "somebody'dve"),
+    "somebody'll": ("somebodyll",),
+    "somebody's": ("somebodys",),
+    "someone'd": ("someoned",),
+    "someone'd've": ("someoned've", "someone'dve"),
+    "someone'll": ("someonell",),
+    "someone's": ("someones",),
+    "something'd": ("somethingd",),
+    "something'd've": ("somethingd've", "something'dve"),
+    "something'll": ("somethingll",),
+    "that's": ("thats",),
+    "there'd": ("thered",),
+    "there'd've": ("thered've", "there'dve"),
+    "there're": ("therere",),
+    "there's": ("theres",),
+    "they'd": ("theyd",),
+    "they'd've": ("theyd've", "they'dve"),
+    "they'll": ("theyll",),
+    "they're": ("theyre",),
+    "they've": ("theyve",),
+    "'twas": ("twas",),
+    "wasn't": ("wasnt",),
+    "we'd've": ("wed've", "we'dve"),
+    "we've": ("weve",),
+    "weren't": ("werent",),
+    "what'll": ("whatll",),
+    "what're": ("whatre",),
+    "what's": ("whats",),
+    "what've": ("whatve",),
+    "when's": ("whens",),
+    "where'd": ("whered",),
+    "where's": ("wheres",),
+    "where've": ("whereve",),
+    "who'd": ("whod",),
+    "who'd've": ("whod've", "who'dve"),
+    "who'll": ("wholl",),
+    "who's": ("whos",),
+    "who've": ("whove",),
+    "why'll": ("whyll",),
+    "why're": ("whyre",),
+    "why's": ("whys",),
+    "won't": ("wont",),
+    "would've": ("wouldve",),
+    "wouldn't": ("wouldnt",),
+    "wouldn't've": ("wouldnt've", "wouldn'tve"),
+    "y'all": ("yall",),
+    "y'all'll": ("yall'll", "y'allll"),
+    "y'all'd've": ("yall'd've", "y'alld've", "y'all'dve"),
+    "you'd": ("youd",),
+    "you'd've": ("youd've", "you'dve"),
+    "you'll": ("youll",),
+    "you're": ("youre",),
+    "you've": ("youve",),
+}
 _CONTRACTION_MAP = {
-    variant: word for word in _CONTRACTIONS for variant in _apostrophe_variants(word)
+    spelling: written
+    for written, spellings in _OFFICIAL_CONTRACTIONS.items()
+    for spelling in spellings
 }
 
 

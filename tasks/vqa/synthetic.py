@@ -113,6 +113,13 @@ class SyntheticParams:
     feature_noise: float = 0.1
     view_perturbation: float = 0.3  # how far each view's extractor is from the shared one
     annotator_noise: float = 0.15  # mean share of annotators answering wrongly
+    # Every secondary detector also finds what the primary one finds: the objects it sees and the
+    # same background regions, so each primary box has a near-duplicate in every secondary view
+    # and the boxes of objects the primary view misses are nobody's best match (`_background`).
+    mirror_primary: bool = False
+    # Multiplies every box feature: the size of real detector features (norms of tens) makes the
+    # fusion's similarity sharp; the default's features (norm ~5) keep it soft.
+    feature_scale: float = 1.0
     # Answer balancing: for one question string, an answer is accepted only while it is at most
     # `balance_slack` ahead of the rarest answer seen so far for that string.
     balance_slack: int = 1
@@ -145,6 +152,8 @@ class SyntheticParams:
         for name in ("primary_recall", "secondary_recall", "annotator_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name}={getattr(self, name)} is outside [0, 1]")
+        if self.feature_scale <= 0:
+            problems.append(f"feature_scale={self.feature_scale} must be > 0")
         if self.duplicates_per_object < 0 or self.balance_slack < 0:
             problems.append("duplicates_per_object and balance_slack must be >= 0")
         for name in ("n_train_images", "n_val_images", "n_test_images", "questions_per_image"):
@@ -238,15 +247,16 @@ def generate(params: SyntheticParams) -> dict[str, np.ndarray]:
         qrng = random.Random(f"{params.seed}-{split}")
         n_images = sizes[split]
         objects = _objects(rng, params, n_images)
+        background = _background(rng, params, n_images) if params.mirror_primary else None
         features = np.zeros((n_images, NUM_VIEWS, params.max_boxes, params.feature_dim), np.float16)
         bbox = np.zeros((n_images, NUM_VIEWS, params.max_boxes, 4), np.float16)
         box_object = np.full((n_images, NUM_VIEWS, params.max_boxes), -1, np.int16)
         num_boxes = np.zeros((n_images, NUM_VIEWS), np.int16)
         first_object = np.concatenate([[0], np.cumsum(np.bincount(objects["image"], minlength=n_images))[:-1]])
         for v in range(NUM_VIEWS):
-            image, slot, desc, boxes, obj = _view(rng, params, objects, n_images, v)
+            image, slot, desc, boxes, obj = _view(rng, params, objects, n_images, v, background)
             noise = params.feature_noise * rng.standard_normal((len(desc), params.feature_dim))
-            features[image, v, slot] = desc @ extractors[v] + noise
+            features[image, v, slot] = params.feature_scale * (desc @ extractors[v] + noise)
             bbox[image, v, slot] = boxes
             box_object[image, v, slot] = np.where(obj >= 0, obj - first_object[image], -1)
             num_boxes[:, v] = np.bincount(image, minlength=n_images)
@@ -332,8 +342,32 @@ def _objects(rng: np.random.Generator, params: SyntheticParams, n_images: int) -
     unseen = ~seen.any(axis=1)
     rescue = rng.integers(1, NUM_VIEWS, n)
     seen[unseen, rescue[unseen]] = True
+    if params.mirror_primary:  # no extra draws: the default data stay as they were
+        seen[:, 1:] |= seen[:, [PRIMARY_VIEW]]
     objects["seen"] = seen
     return objects
+
+
+def _background(rng: np.random.Generator, params: SyntheticParams, n_images: int) -> dict:
+    """Background regions that every detector proposes (`mirror_primary`): count per image,
+    first index per image, centres and extents.
+
+    With them (and the primary view's objects seen by every view) each primary box has a
+    near-duplicate in each secondary view; only the boxes of the objects the primary view misses
+    have no primary counterpart. A query-normalized softmax (UNAS) that matches boxes sharply
+    then gives those boxes ~0 total weight, every primary box being better served by its own
+    duplicate: they are explained away. DNAS must still give each of them >= 1/S.
+    """
+    count = rng.integers(params.min_background, params.max_background + 1, n_images)
+    total = int(count.sum())
+    return {
+        "count": count,
+        "start": np.concatenate([[0], np.cumsum(count)[:-1]]),
+        "center": rng.uniform(0.05, 0.95, (total, 2)),
+        "extent": rng.uniform(0.05, 0.2, (total, 2)),
+        # what every detector sees of the region (texture), as objects have
+        "appearance": params.appearance_signal * rng.standard_normal((total, params.appearance_dim)),
+    }
 
 
 def _scenes(objects: dict, n_images: int) -> list[list[dict]]:
@@ -346,8 +380,10 @@ def _scenes(objects: dict, n_images: int) -> list[list[dict]]:
     return scenes
 
 
-def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int):
-    """The boxes of one view over all images: detections, duplicates, background, shuffled.
+def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int,
+          background: dict | None = None):
+    """The boxes of one view over all images: detections, duplicates, background, shuffled
+    (background: the regions every view proposes, `_background`; None: this view's own).
 
     Returns per box its image, its slot in that image's box list, its descriptor, its normalized
     box (x1, y1, x2, y2) and its object (index into `objects`, -1 for background).
@@ -367,10 +403,10 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
     keep = dup_rank < room[dup_image]
     dup_obj = dup_obj[keep]
     n_dup_kept = np.bincount(objects["image"][dup_obj], minlength=n_images)
-    n_bg = np.minimum(
-        rng.integers(params.min_background, params.max_background + 1, n_images),
-        room - n_dup_kept,
-    )
+    n_bg = rng.integers(params.min_background, params.max_background + 1, n_images)
+    if background is not None:
+        n_bg = background["count"]
+    n_bg = np.minimum(n_bg, room - n_dup_kept)
     det = np.concatenate([detected, dup_obj])
     kind = np.concatenate([np.zeros(len(detected), int), np.ones(len(dup_obj), int)])
     n_det = len(det)
@@ -380,8 +416,16 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
 
     bg_image = np.repeat(np.arange(n_images), n_bg)
     n_bg_total = len(bg_image)
-    center = np.concatenate([det_center, rng.uniform(0.05, 0.95, (n_bg_total, 2))])
-    extent = np.concatenate([det_extent, rng.uniform(0.05, 0.2, (n_bg_total, 2))])
+    bg_center = rng.uniform(0.05, 0.95, (n_bg_total, 2))
+    bg_extent = rng.uniform(0.05, 0.2, (n_bg_total, 2))
+    shared = None
+    if background is not None:  # the shared regions, each proposal slightly moved
+        rank = np.arange(n_bg_total) - np.repeat(np.cumsum(n_bg) - n_bg, n_bg)
+        shared = background["start"][bg_image] + rank
+        bg_center = background["center"][shared] + 0.01 * rng.standard_normal((n_bg_total, 2))
+        bg_extent = background["extent"][shared] * rng.uniform(0.8, 1.25, (n_bg_total, 2))
+    center = np.concatenate([det_center, bg_center])
+    extent = np.concatenate([det_extent, bg_extent])
     image = np.concatenate([objects["image"][det], bg_image])
     obj = np.concatenate([det, np.full(n_bg_total, -1)])
     kind = np.concatenate([kind, np.full(n_bg_total, 2)])
@@ -392,6 +436,8 @@ def _view(rng, params: SyntheticParams, objects: dict, n_images: int, view: int)
     blocks.append(objectness[:, None])
     appearance = np.zeros((n_boxes, params.appearance_dim))
     appearance[:n_det] = objects["appearance"][det]
+    if shared is not None:
+        appearance[n_det:] = background["appearance"][shared]
     blocks.append(appearance + params.attribute_noise * rng.standard_normal(appearance.shape))
     for a, (name, values) in enumerate(ATTRIBUTES.items()):
         one_hot = np.zeros((n_boxes, len(values)))

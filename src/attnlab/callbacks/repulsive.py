@@ -9,19 +9,36 @@ direction. With `g_j = dL/dtheta_j` (L = -log p up to a constant) and an RBF ker
     phi(theta_i) = (1/M) sum_j [ k(theta_j, theta_i) (-g_j) + alpha grad_{theta_j} k(theta_j, theta_i) ]
 
 so the optimizer, which descends, gets `step_size * (-phi)`: the kernel-smoothed gradient minus
-`alpha` times the repulsive force that pushes heads apart. The bandwidth follows the published code:
-`h = 0.5 median_{ij} |theta_i - theta_j|^2 / log(M + 1)`. SPOS adds `beta g_i` and Gaussian noise
-`- sqrt(2 beta / step_size) N(0, I) median|g|` (the noise is drawn from a generator seeded by
+`alpha` times the repulsive force that pushes heads apart. The bandwidth is the median heuristic
+of the published code, `h = 0.5 med / log(M + 1)`, with `med` the median of the M^2 entries of the
+pairwise squared-distance matrix (diagonal included) and, for an even count, the mean of the two
+middle values (numpy.median; the published Electra code's `svgd_kernel` averages the lower and
+higher 50th percentiles; its PyTorch trainers call torch.median, which takes the lower one).
+
+SPOS adds `beta g_i` and Gaussian noise. `spos_noise: paper` (default) is the paper's update
+(Eq. 5): `- sqrt(2 beta / step_size) N(0, I)`. `spos_noise: grad_median` multiplies that noise by
+`median|g|` of the particle set (torch.median), as the published PyTorch code does: about 1e-3 of
+the paper's scale for typical gradients. The noise is drawn from a generator seeded by
 (seed, step, module), so every DDP process injects the same noise and a resumed run the same as an
-uninterrupted one). With Adam the overall scale `step_size` cancels out except against the SPOS
+uninterrupted one. With Adam the overall scale `step_size` cancels out except against the SPOS
 noise; the published code applies it the same way.
 
 Particle of head h: rows [h*d:(h+1)*d] of `q_proj.weight`, `k_proj.weight` and `v_proj.weight` of
-one `MultiHeadAttention` (the rows that produce head h; biases only with `include_bias=true`),
-flattened and concatenated (`grouping: joint`, the paper's definition of a particle), or one
-particle set per projection (`grouping: per_projection`, as the published code computes it).
+one `MultiHeadAttention` (the rows that produce head h; biases only with `include_bias=true`).
+`grouping: joint` (default) concatenates a head's Q, K and V rows into one particle, the paper's
+definition of a particle (a head's parameters). `grouping: per_projection` runs one kernel per
+projection, as both published codes do; its heads are the same row blocks, which is how the
+published fairseq trainer splits `in_proj_weight` (`.view(heads, -1)` per projection). The
+published Electra code instead reshapes a TF kernel `[in, H*d]` to `[in*d, H]`, so its "head" h
+collects the columns c with c mod H = h, taken from every head (a bug there); we do not copy it.
 Modules without v_proj (VQA fusion, project_values=False) contribute Q and K only; modules with
 a single head have no second particle and are skipped (said once).
+
+A module may declare its particles instead: a method `particles()` returning parameters whose
+first dimension has one row per particle (e.g. the classify task's `HopAttention`: the rows of
+Lin et al.'s W_s2, one per attention hop, as the published code's SVGD). RepulsiveAttention then
+moves those rows (`projections`, `grouping`, `include_bias` do not apply to it), and MA+R takes
+the module's output (B, M, d) as the M particles' outputs.
 
 `DisagreementRegularizer` (the paper's MA+R baseline) adds `weight * mean_{i,j} cos(O_i, O_j)` to
 the training loss for every selected module (Li et al. 2018's disagreement on outputs, summed
@@ -55,7 +72,9 @@ def rbf_kernel(theta: Tensor, bandwidth: float | None = None) -> tuple[Tensor, T
     m = theta.shape[0]
     sq = (theta[:, None, :] - theta[None, :, :]).pow(2).sum(-1)
     if bandwidth is None:
-        bandwidth = float(0.5 * sq.flatten().median() / math.log(m + 1))
+        # quantile 0.5 with midpoint interpolation = numpy.median (see the module docstring)
+        median = torch.quantile(sq.flatten(), 0.5, interpolation="midpoint")
+        bandwidth = float(0.5 * median / math.log(m + 1))
         if not bandwidth > 0:  # identical particles: any h gives K = 1 and no force
             bandwidth = 1.0
     kernel = torch.exp(-sq / (2 * bandwidth))
@@ -69,12 +88,21 @@ def svgd_gradient(theta: Tensor, grad: Tensor, alpha: float = 1.0, bandwidth: fl
     return (kernel @ grad - alpha * force) / theta.shape[0]
 
 
+SPOS_NOISE = ("paper", "grad_median")
+
+
 def spos_gradient(theta: Tensor, grad: Tensor, alpha: float, beta: float, step_size: float,
-                  generator: torch.Generator | None = None, bandwidth: float | None = None) -> Tensor:
-    """SVGD plus Langevin: + beta g - sqrt(2 beta / step_size) N(0, I) median|g|."""
-    noise = torch.randn(theta.shape, generator=generator, dtype=theta.dtype).to(theta.device)
-    scale = math.sqrt(2.0 * beta / step_size) * grad.abs().flatten().median()
-    return svgd_gradient(theta, grad, alpha, bandwidth) + beta * grad - scale * noise
+                  generator: torch.Generator | None = None, bandwidth: float | None = None,
+                  noise: str = "paper") -> Tensor:
+    """SVGD plus Langevin: + beta g - sqrt(2 beta / step_size) N(0, I) (the paper's Eq. 5), the
+    noise times median|g| with noise="grad_median" (the published PyTorch code)."""
+    if noise not in SPOS_NOISE:
+        raise ConfigError(f"spos_noise={noise!r}: use {' or '.join(SPOS_NOISE)}")
+    draw = torch.randn(theta.shape, generator=generator, dtype=theta.dtype).to(theta.device)
+    scale = math.sqrt(2.0 * beta / step_size)
+    if noise == "grad_median":
+        scale = scale * grad.abs().flatten().median()
+    return svgd_gradient(theta, grad, alpha, bandwidth) + beta * grad - scale * draw
 
 
 def head_rows(param: Tensor, num_heads: int) -> Tensor:
@@ -93,6 +121,12 @@ def particle_parameters(module: MultiHeadAttention, projections: Sequence[str], 
         if include_bias and linear.bias is not None:
             params.append(linear.bias)
     return params
+
+
+def particle_count(module: MultiHeadAttention) -> int:
+    """Particles of a module: the rows of its declared `particles()` (e.g. attention hops), else its heads."""
+    declared = getattr(module, "particles", None)
+    return int(declared()[0].shape[0]) if declared is not None else module.num_heads
 
 
 def select_modules(model, stacks: Sequence[str], layers) -> list[tuple[str, MultiHeadAttention]]:
@@ -144,11 +178,14 @@ class RepulsiveAttention(pl.Callback):
         layers="all",
         grouping: str = "joint",
         include_bias: bool = False,
+        spos_noise: str = "paper",
         seed: int = 0,
         log_every_n_steps: int = 50,
     ) -> None:
         if method not in ("svgd", "spos"):
             raise ConfigError(f"repulsive method={method!r}: use svgd or spos")
+        if spos_noise not in SPOS_NOISE:
+            raise ConfigError(f"repulsive spos_noise={spos_noise!r}: use {' or '.join(SPOS_NOISE)}")
         if grouping not in ("joint", "per_projection"):
             raise ConfigError(f"repulsive grouping={grouping!r}: use joint or per_projection")
         if step_size <= 0 or alpha < 0 or beta < 0:
@@ -159,6 +196,7 @@ class RepulsiveAttention(pl.Callback):
         self.method, self.step_size, self.alpha, self.beta = method, float(step_size), float(alpha), float(beta)
         self.stacks, self.layers, self.projections = _check(stacks, layers, projections)
         self.grouping, self.include_bias = grouping, bool(include_bias)
+        self.spos_noise = spos_noise
         self.seed, self.log_every_n_steps = int(seed), max(1, int(log_every_n_steps))
         self._announced = False
 
@@ -166,7 +204,10 @@ class RepulsiveAttention(pl.Callback):
         """(name, module, [parameter lists, one per particle set]) of every module it updates."""
         out = []
         for name, module in select_modules(model, self.stacks, self.layers):
-            if module.num_heads < 2:
+            if particle_count(module) < 2:
+                continue
+            if hasattr(module, "particles"):  # declared by the module (see the module docstring)
+                out.append((name, module, [list(module.particles())]))
                 continue
             params = particle_parameters(module, self.projections, self.include_bias)
             if not params:
@@ -183,7 +224,8 @@ class RepulsiveAttention(pl.Callback):
         if self.method == "svgd":
             d = svgd_gradient(theta, grad, self.alpha)
         else:
-            d = spos_gradient(theta, grad, self.alpha, self.beta, self.step_size, generator)
+            d = spos_gradient(theta, grad, self.alpha, self.beta, self.step_size, generator,
+                              noise=self.spos_noise)
         return self.step_size * d
 
     @torch.no_grad()
@@ -191,7 +233,7 @@ class RepulsiveAttention(pl.Callback):
         """Replace the gradients of every particle set by the SVGD/SPOS direction (in place)."""
         distances = []
         for index, (_, module, sets) in enumerate(self.groups(model)):
-            h = module.num_heads
+            h = particle_count(module)
             for j, params in enumerate(sets):
                 if any(p.grad is None for p in params):
                     continue
@@ -213,10 +255,13 @@ class RepulsiveAttention(pl.Callback):
         self._announced = True
         groups = self.groups(pl_module)
         chosen = select_modules(pl_module, self.stacks, self.layers)
-        single = [n for n, m in chosen if m.num_heads < 2]
+        single = [n for n, m in chosen if particle_count(m) < 2]
+        declared = [n for n, m, _ in groups if hasattr(m, "particles")]
         msg = (f"[attnlab] repulsive attention ({self.method}): {len(groups)} attention modules, "
                f"particles = per-head rows of {'/'.join(self.projections)}_proj"
                f"{' (+bias)' if self.include_bias else ''} ({self.grouping})")
+        if declared:
+            msg += f"; declared particles() (e.g. attention hops) of {declared}"
         if single:
             msg += f"; skipped {len(single)} single-head module(s) (one particle, nothing to repel): {single}"
         if not groups:
@@ -258,13 +303,16 @@ class DisagreementRegularizer(pl.Callback):
 
     def _collect(self, module: MultiHeadAttention, merged: Tensor) -> None:
         if module.training and torch.is_grad_enabled():
+            if hasattr(module, "particles"):  # its output (B, M, d) holds the particles' outputs
+                self._terms.append(disagreement(merged))
+                return
             b, s, e = merged.shape
             self._terms.append(disagreement(merged.view(b, s, module.num_heads, e // module.num_heads)))
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if m.num_heads > 1]
+        mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if particle_count(m) > 1]
         for _, m in mods:
-            if m.out_proj is not None:  # its input is the concatenation of the head outputs
+            if m.out_proj is not None and not hasattr(m, "particles"):  # its input is the concatenation of the head outputs
                 hook = m.out_proj.register_forward_pre_hook(
                     functools.partial(lambda mod, _lin, args: self._collect(mod, args[0]), m))
             else:  # project_values=False: the module's output is the concatenation

@@ -1,0 +1,94 @@
+"""What the reproduction reads back: each run's metrics.json record, and a claim's result.
+
+`explained_away(record)` is the one place that reads the ExplainedAway callback's per-layer
+scalars: from metrics.json when the callback logs them through `pl_module.log` (issue 12), else
+from the CSV logger's metrics.csv in the run dir (the last validation that has them).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.reproduce.plan import Run
+
+HOLDS = "holds"
+NOT_AT_SCALE = "does not hold at this scale"
+NOT_RUN = "not run"
+
+
+@dataclass
+class ClaimResult:
+    name: str
+    title: str
+    source: str  # the paper and its figure/table
+    paper: str  # what the paper reports
+    ours: str  # what we measured
+    setting: str
+    seeds: str
+    verdict: str
+    details: str = ""  # Markdown: tables, notes
+    figures: list[str] = field(default_factory=list)  # PNG file names beside REPORT.md
+
+
+def not_run(name: str, title: str, source: str, paper: str, why: str) -> ClaimResult:
+    return ClaimResult(name, title, source, paper, ours=why, setting="—", seeds="—", verdict=NOT_RUN)
+
+
+class Results:
+    """The metrics.json records of the runs, by Run; failures keep their error."""
+
+    def __init__(self) -> None:
+        self.records: dict[Run, dict] = {}
+
+    def add(self, run: Run, record: dict) -> None:
+        self.records[run] = record
+
+    def get(self, run: Run) -> dict | None:
+        """The record of a run that finished (status ok), else None."""
+        record = self.records.get(run)
+        return record if record and record.get("status") == "ok" else None
+
+    def error(self, run: Run) -> str | None:
+        record = self.records.get(run)
+        if record is None:
+            return "not run"
+        return None if record.get("status") == "ok" else str(record.get("error", "failed"))
+
+    def metric(self, run: Run, key: str) -> float:
+        record = self.get(run)
+        value = (record or {}).get("metrics", {}).get(key)
+        return math.nan if value is None else float(value)
+
+
+_LAYER_KEY = re.compile(r"^explained_away/layer(\d+)/(share_below_[^/]+|min_col_sum|bound_1_over_S|"
+                        r"min_col_sum_times_S|log_col_sum/q\d+)$")
+
+
+def explained_away(record: dict) -> dict[int, dict[str, float]]:
+    """Per attention layer: share_below_<threshold>, min_col_sum, bound_1_over_S,
+    min_col_sum_times_S (and the log column-sum quantiles log_col_sum/qNN when the CSV has them)."""
+    found = _collect(record.get("metrics", {}).items())
+    if found:
+        return found
+    path = Path(record.get("run_dir", "")) / "csv" / "metrics.csv"
+    if not path.is_file():
+        return {}
+    last: dict[str, float] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            last.update({k: float(v) for k, v in row.items() if k and v not in (None, "") and _LAYER_KEY.match(k)})
+    return _collect(last.items())
+
+
+def _collect(items) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for key, value in items:
+        match = _LAYER_KEY.match(key)
+        if match:
+            name = "share_below" if match.group(2).startswith("share_below") else match.group(2)
+            out.setdefault(int(match.group(1)), {})[name] = float(value)
+    return dict(sorted(out.items()))

@@ -1,0 +1,89 @@
+"""REPORT.md (summary table, then one section per claim with its figures) and its W&B copy."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from attnlab.reproduce.results import ClaimResult
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores"
+
+
+def git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=False)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def summary_table(claims: list[ClaimResult]) -> str:
+    lines = ["| claim | paper | ours | setting | seeds | verdict |", "|---|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {_cell(c.title)} ({_cell(c.source)}) | {_cell(c.paper)} | {_cell(c.ours)} | "
+                     f"{_cell(c.setting)} | {_cell(c.seeds)} | **{_cell(c.verdict)}** |")
+    return "\n".join(lines)
+
+
+def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict) -> Path:
+    lines = [
+        "# attnlab: the papers' claims, reproduced",
+        "",
+        f"`{meta['command']}`: mode **{meta['mode']}**, commit {meta['commit']}, {meta['started']}",
+        (f"machine: {meta['machine']}; load average {meta['load_before']} before, {meta['load_after']} after; "
+         f"{meta['jobs']} sweep(s) side by side; wall time {meta['wall_s'] / 60:.1f} min"),
+        "",
+        ("Verdicts: *holds*, *does not hold at this scale* (the runs are far smaller than the papers'), "
+         "*not run*. Each run's own directory (metrics.json, checkpoints, PNGs) is under `runs/`."),
+        "",
+        summary_table(claims),
+        "",
+    ]
+    for c in claims:
+        lines += [f"## {c.title} ({c.source})", "", f"- paper: {c.paper}", f"- ours: {c.ours}",
+                  f"- setting: {c.setting}", f"- seeds: {c.seeds}", f"- verdict: **{c.verdict}**", ""]
+        if c.details:
+            lines += [c.details, ""]
+        lines += [f"![{name}]({name})" for name in c.figures] + [""]
+    path = out_dir / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def log_to_wandb(out_dir: Path, claims: list[ClaimResult], meta: dict) -> str | None:
+    """One W&B run (offline unless WANDB_MODE=online) with the claims' table, the figures and
+    REPORT.md; returns its directory."""
+    import wandb
+
+    mode = "online" if os.environ.get("WANDB_MODE", "").lower() == "online" else "offline"
+    run = wandb.init(project="attnlab", job_type="reproduce", name=f"reproduce-{out_dir.name}", dir=str(out_dir),
+                     mode=mode, config={k: v for k, v in meta.items() if k != "command"})
+    columns = ["claim", "source", "paper", "ours", "setting", "seeds", "verdict"]
+    rows = [[c.title, c.source, c.paper, c.ours, c.setting, c.seeds, c.verdict] for c in claims]
+    run.log({"reproduce/claims": wandb.Table(columns=columns, data=rows)})
+    for c in claims:
+        for name in c.figures:
+            run.log({f"reproduce/{c.name}/{Path(name).stem}": wandb.Image(str(out_dir / name))})
+    run.save(str(out_dir / "REPORT.md"), base_path=str(out_dir))
+    run_dir = str(Path(run.dir).parent)
+    run.finish()
+    return run_dir
