@@ -188,7 +188,7 @@ def test_similarity_init_starts_as_dot_product_attention():
         MultiViewFusion(12, 3, AttentionSpec("unas"), init="orthogonal")
 
 
-def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data):
+def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data, tmp_path):
     """HeadDiversity records only its first batch; the task's own recorder still sees all of them,
     so test/explained_away_* equal a plain loop over every test batch."""
     from attnlab.callbacks import HeadDiversity
@@ -199,7 +199,8 @@ def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data
     module = VQAModule("dnas", fusion_heads=4, embed_dim=16, hidden_dim=32, attention_dim=16,
                        **tiny_data.model_kwargs()).eval()
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[HeadDiversity(max_batches=1)])
+                         enable_model_summary=False, callbacks=[HeadDiversity(max_batches=1)],
+                         default_root_dir=tmp_path)
     result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
     assert "test/avg_jsd" in result
     expected = [ColumnStats(BOX_KINDS) for _ in module.model.fusion.attention]
