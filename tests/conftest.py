@@ -35,6 +35,14 @@ TINY: dict[str, list[str]] = {
         "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_decode_length=6",
         "task.module.beam_size=2", "trainer.max_epochs=1",
     ],
+    "mt": [
+        "task.source=files", f"task.data_dir={FIXTURES / 'mt' / 'iwslt14'}", "task.vocab_size=300",
+        "task.bleu_tokenize=none", "task.datamodule.min_frequency=1", "task.datamodule.batch_size=4",
+        "task.datamodule.eval_batch_size=2", "task.datamodule.max_test_examples=null", "task.module.d_model=16",
+        "task.module.nhead=2", "task.module.num_encoder_layers=2", "task.module.num_decoder_layers=2",
+        "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_len_a=0",
+        "task.module.max_len_b=6", "task.module.beam_size=2", "trainer.max_epochs=1", "trainer.val_check_interval=1.0",
+    ],
 }
 # fast, quiet defaults for every CLI test run
 QUIET = ["logger=csv", "callbacks.progress_bar=null", "trainer.enable_model_summary=false"]
