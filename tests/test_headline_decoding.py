@@ -14,15 +14,6 @@ from tasks.headline.rouge import make_rouge, rouge_f1
 PAD, BOS, EOS = 0, 1, 2
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny tensors run faster on one thread, above all when the cores are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # Hand-checked: "cats" stems to "cat" (tokens longer than 3 characters are stemmed).
 #   ROUGE-1: 5 of 6 unigrams match both ways -> F1 5/6; ROUGE-2: 3 of 5 bigrams -> 0.6;
 #   ROUGE-L: LCS "the cat sat on mat" = 5 -> 5/6.

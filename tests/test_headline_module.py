@@ -30,14 +30,6 @@ TINY = {
 }
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gigaword_datamodule(**kwargs):
     return HeadlineDataModule(
         source="gigaword",

@@ -25,14 +25,6 @@ TINY = {"d_model": 16, "nhead": 2, "num_encoder_layers": 2, "num_decoder_layers"
         "dropout": 0.0, "val_decode_batches": 1, "beam_size": 2, "max_len_a": 0.0, "max_len_b": 6}
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_module(attention="unas", vocab_size=40, **kwargs) -> TranslationModule:
     args = {"vocab_size": vocab_size, "pad_id": 0, "bos_id": 1, "eos_id": 2, "tokenizer_file": "unused.json",
             "max_source_positions": 16, "max_target_positions": 12, **TINY, **kwargs}

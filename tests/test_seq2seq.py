@@ -30,15 +30,6 @@ STYLES = {
 }
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny tensors run faster on one thread, above all when the cores are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_model(vocab=40, attention="hnas", seed=0, style="headline", **kwargs):
     torch.manual_seed(seed)
     args = {
