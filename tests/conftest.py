@@ -46,6 +46,13 @@ TINY: dict[str, list[str]] = {
         "task.module.embed_dim=16", "task.module.hidden_dim=8", "task.module.d_model=16", "task.module.nhead=2",
         "task.module.num_layers=2", "task.module.dim_feedforward=32", "task.module.hops=3",
         "task.module.attention_unit=8", "task.module.fc_dim=16", "trainer.max_epochs=1",
+    "mt": [
+        "task.source=files", f"task.data_dir={FIXTURES / 'mt' / 'iwslt14'}", "task.vocab_size=300",
+        "task.bleu_tokenize=none", "task.datamodule.min_frequency=1", "task.datamodule.batch_size=4",
+        "task.datamodule.eval_batch_size=2", "task.datamodule.max_test_examples=null", "task.module.d_model=16",
+        "task.module.nhead=2", "task.module.num_encoder_layers=2", "task.module.num_decoder_layers=2",
+        "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_len_a=0",
+        "task.module.max_len_b=6", "task.module.beam_size=2", "trainer.max_epochs=1", "trainer.val_check_interval=1.0",
     ],
 }
 # fast, quiet defaults for every CLI test run
@@ -136,3 +143,12 @@ def run_app(args: list[str], env: dict[str, str], script: str = "train.py") -> A
         os.environ.clear()
         os.environ.update(saved_env)
     return AppResult(code, out.getvalue(), err.getvalue())
+@pytest.fixture
+def one_thread():
+    """Torch on one thread: tiny tensors run faster so, above all when the cores are shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

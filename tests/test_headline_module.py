@@ -11,9 +11,9 @@ import torch
 
 from attnlab.errors import ConfigError
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID
+from tasks.common.seq2seq import Seq2SeqTransformer
 from tasks.headline.bert_init import load_bert_into
 from tasks.headline.datamodule import HeadlineDataModule
-from tasks.headline.model import HeadlineTransformer
 from tasks.headline.module import HeadlineModule
 
 FIXTURES = Path(__file__).parent / "fixtures" / "headline"
@@ -28,14 +28,6 @@ TINY = {
     "beam_size": 2,
     "warmup_steps": 1,
 }
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def gigaword_datamodule(**kwargs):
@@ -204,7 +196,7 @@ def _fake_bert(layers=2, hidden=16, heads=2, ff=32, vocab=40, positions=20):
 
 def test_bert2bert_mapping_covers_all_but_cross_attention():
     sd = _fake_bert()
-    model = HeadlineTransformer(
+    model = Seq2SeqTransformer(
         40,
         0,
         attention="hnas",
@@ -277,7 +269,7 @@ def test_bert_init_encoder_equals_hf_bert():
     from tasks.headline.bert_init import bert_sizes
 
     sizes = bert_sizes({"dropout": 0.1}, 32, 16)
-    model = HeadlineTransformer(
+    model = Seq2SeqTransformer(
         30522, 0, attention="unas", max_source_positions=32, max_target_positions=16, **sizes
     ).eval()
     load_bert_into(model)

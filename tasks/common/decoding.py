@@ -1,6 +1,6 @@
 """Batched greedy and beam search for an encoder-decoder, with a key/value cache.
 
-The model protocol (e.g. `tasks.headline.model.HeadlineTransformer`):
+The model protocol (e.g. `tasks.common.seq2seq.Seq2SeqTransformer`):
 
     memory = model.encode(src_ids, src_padding_mask)              # (B, S, D)
     cache = model.start_decoding(memory, src_padding_mask)        # cross-attention K/V once

@@ -15,10 +15,15 @@ and each attention's own scheme (`MultiHeadAttention.attend_heads`: any scheme t
 over keys). The tests check that it equals the full teacher-forced pass at every position. Beam
 search reorders a cache with `select`.
 
-A stack whose attention passes logits between layers (CODA / RealFormer cascade them over the
-whole prefix) cannot be cached this way: `cacheable` says so, and such models keep a
-`PrefixCache` instead, which stores the prefix and re-runs the full stack at every step (same
-interface, exact by construction).
+A stack whose attention passes logits between layers (CODA, RealFormer) needs the previous
+layer's logits. Both transforms act on each (query, key) pair on its own (RealFormer adds, CODA's
+MLP mixes the heads of one pair; its noise is off in eval), so the newest query's row of logits
+depends only on the same row of the layer before: a step carries that row from layer to layer
+(`prev_logits` / `return_logits`, as the layers' own API) and stays exact, at the cost of one
+position per step. `cacheable(layers, cascades=True)` says whether a stack can be run so; a
+caller that does not carry the rows asks `cacheable(layers)`, which is False for any transform,
+and keeps a `PrefixCache` instead, which stores the prefix and re-runs the full stack at every
+step (same interface, exact by construction).
 """
 
 from __future__ import annotations
@@ -31,11 +36,38 @@ from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention, TransformerDecoderLayer, TransformerEncoderLayer
 
+# Logit transforms whose logits of a (query, key) pair depend only on that pair's scores and
+# previous logits (across heads): a step can carry the newest query's row of logits.
+ROW_WISE_TRANSFORMS = ("coda", "realformer")
 
-def cacheable(layers: Sequence[nn.Module]) -> bool:
-    """True when no attention of the layers passes logits along its stack (no cascade transform)."""
-    return all(m.transform is None for layer in layers for m in layer.modules()
-               if isinstance(m, MultiHeadAttention))
+Logits = dict[str, Tensor] | None  # a step's logits per attention attribute, as the layers pass them
+
+
+def cacheable(layers: Sequence[nn.Module], cascades: bool = False) -> bool:
+    """True when every attention of the layers can run one new position at a time on cached
+    keys/values: no logit transform, or (cascades=True, for callers that carry the logits rows
+    with `return_logits` / `prev_logits`) a row-wise one (CODA, RealFormer)."""
+    allowed = ROW_WISE_TRANSFORMS if cascades else ()
+    return all(m.transform is None or m.transform.name in allowed for layer in layers
+               for m in layer.modules() if isinstance(m, MultiHeadAttention))
+
+
+def _passed(**logits: Tensor | None) -> Logits:
+    kept = {name: z for name, z in logits.items() if z is not None}
+    return kept or None
+
+
+def _pick(prev_logits: Logits, name: str) -> Tensor | None:
+    return None if prev_logits is None else prev_logits.get(name)
+
+
+def _check_steppable(layer: nn.Module, return_logits: bool, what: str) -> None:
+    if not cacheable([layer], cascades=return_logits):
+        raise ValueError(
+            f"incremental decoding needs {what} without a cascade, or a row-wise cascade "
+            f"({', '.join(ROW_WISE_TRANSFORMS)}) stepped with return_logits=True, each layer's "
+            f"logits handed to the next as prev_logits"
+        )
 
 
 def _heads(x: Tensor, num_heads: int) -> Tensor:
@@ -95,8 +127,10 @@ def start_cache(
     return DecoderCache(memory_keys=keys, memory_values=values, memory_padding_mask=memory_padding_mask)
 
 
-def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, index: int) -> Tensor:
-    """Causal self-attention of the newest position (B, 1, E) over every cached one."""
+def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, index: int,
+                          prev_logits: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Causal self-attention of the newest position (B, 1, E) over every cached one; returns its
+    output and, in a cascade, its row of logits (B, H, 1, t) for the next layer."""
     q = _heads(attn.q_proj(x), attn.num_heads)
     k = _heads(attn.k_proj(x), attn.num_heads)
     v = _heads(attn.v_proj(x), attn.num_heads)
@@ -108,44 +142,61 @@ def cached_self_attention(attn: MultiHeadAttention, x: Tensor, cache: KVCache, i
         cache.self_keys.append(k)
         cache.self_values.append(v)
     # The newest position may see every cached one: causality holds without a mask.
-    return attn.out_proj(_merge(attn.attend_heads(q, k, v)[0]))
+    out, logits = attn.attend_heads(q, k, v, prev_logits=prev_logits)
+    return attn.out_proj(_merge(out)), logits
 
 
-def _cross_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
+def _cross_attention(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int,
+                     prev_logits: Tensor | None) -> tuple[Tensor, Tensor | None]:
     attn = layer.cross_attn
     q = _heads(attn.q_proj(x), attn.num_heads)
-    out, _ = attn.attend_heads(q, cache.memory_keys[index], cache.memory_values[index],
-                               key_padding_mask=cache.memory_padding_mask)
-    return attn.out_proj(_merge(out))
+    out, logits = attn.attend_heads(q, cache.memory_keys[index], cache.memory_values[index],
+                                    key_padding_mask=cache.memory_padding_mask, prev_logits=prev_logits)
+    return attn.out_proj(_merge(out)), logits
 
 
 def _feed_forward(layer: nn.Module, x: Tensor) -> Tensor:
     return layer.linear2(layer.activation(layer.linear1(x)))  # decoding runs in eval: no dropout
 
 
-def decoder_layer_step(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int) -> Tensor:
-    """One encoder-decoder layer on the newest position only: x (B, 1, D) -> (B, 1, D)."""
-    if not cacheable([layer]):
-        raise ValueError("incremental decoding needs decoder attention without a cascade")
+def decoder_layer_step(layer: TransformerDecoderLayer, x: Tensor, cache: DecoderCache, index: int,
+                       prev_logits: Logits = None, return_logits: bool = False):
+    """One encoder-decoder layer on the newest position only: x (B, 1, D) -> (B, 1, D); with
+    return_logits, also its attentions' rows of logits for the next layer (as the layer's forward)."""
+    _check_steppable(layer, return_logits, "decoder attention")
+    prev_self, prev_cross = _pick(prev_logits, "self_attn"), _pick(prev_logits, "cross_attn")
     if layer.norm_first:
-        x = x + cached_self_attention(layer.self_attn, layer.norm1(x), cache, index)
-        x = x + _cross_attention(layer, layer.norm2(x), cache, index)
-        return x + _feed_forward(layer, layer.norm3(x))
-    x = layer.norm1(x + cached_self_attention(layer.self_attn, x, cache, index))
-    x = layer.norm2(x + _cross_attention(layer, x, cache, index))
-    return layer.norm3(x + _feed_forward(layer, x))
+        out, z_self = cached_self_attention(layer.self_attn, layer.norm1(x), cache, index, prev_self)
+        x = x + out
+        out, z_cross = _cross_attention(layer, layer.norm2(x), cache, index, prev_cross)
+        x = x + out
+        x = x + _feed_forward(layer, layer.norm3(x))
+    else:
+        out, z_self = cached_self_attention(layer.self_attn, x, cache, index, prev_self)
+        x = layer.norm1(x + out)
+        out, z_cross = _cross_attention(layer, x, cache, index, prev_cross)
+        x = layer.norm2(x + out)
+        x = layer.norm3(x + _feed_forward(layer, x))
+    return (x, _passed(self_attn=z_self, cross_attn=z_cross)) if return_logits else x
 
 
-def causal_layer_step(layer: TransformerEncoderLayer, x: Tensor, cache: KVCache, index: int) -> Tensor:
+def causal_layer_step(layer: TransformerEncoderLayer, x: Tensor, cache: KVCache, index: int,
+                      prev_logits: Logits = None, return_logits: bool = False):
     """One layer of a decoder-only stack (TransformerEncoderLayer(causal=True)) on the newest
-    position only: x (B, 1, D) -> (B, 1, D)."""
-    if not layer.causal or not cacheable([layer]):
-        raise ValueError("incremental decoding needs causal self-attention without a cascade")
+    position only: x (B, 1, D) -> (B, 1, D); with return_logits, also its row of logits."""
+    if not layer.causal:
+        raise ValueError("incremental decoding needs causal self-attention (a causal layer)")
+    _check_steppable(layer, return_logits, "causal self-attention")
     if layer.norm_first:
-        x = x + cached_self_attention(layer.self_attn, layer.norm1(x), cache, index)
-        return x + _feed_forward(layer, layer.norm2(x))
-    x = layer.norm1(x + cached_self_attention(layer.self_attn, x, cache, index))
-    return layer.norm2(x + _feed_forward(layer, x))
+        out, z = cached_self_attention(layer.self_attn, layer.norm1(x), cache, index,
+                                       _pick(prev_logits, "self_attn"))
+        x = x + out
+        x = x + _feed_forward(layer, layer.norm2(x))
+    else:
+        out, z = cached_self_attention(layer.self_attn, x, cache, index, _pick(prev_logits, "self_attn"))
+        x = layer.norm1(x + out)
+        x = layer.norm2(x + _feed_forward(layer, x))
+    return (x, _passed(self_attn=z)) if return_logits else x
 
 
 @dataclass

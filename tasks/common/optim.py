@@ -1,7 +1,9 @@
-"""Optimizer parameter groups and the BERT learning-rate schedule, shared by the text tasks."""
+"""Optimizer parameter groups and learning-rate schedules (BERT's, fairseq's inverse square root),
+shared by the text tasks."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from torch import nn
@@ -42,5 +44,19 @@ def warmup_linear_decay(total: int, warmup: int) -> Callable[[int], float]:
         if step < warmup:
             return (step + 1) / (warmup + 1)
         return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def inverse_sqrt(warmup: int) -> Callable[[int], float]:
+    """fairseq's `inverse_sqrt` schedule as a LambdaLR factor: linear warmup from 0 over `warmup`
+    updates, then lr * sqrt(warmup / step). Update s (0-based) gets factor(s), as fairseq's
+    scheduler with its default warmup_init_lr of 0 (the first update runs at lr 0)."""
+    warmup = max(1, int(warmup))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        return math.sqrt(warmup / step)
 
     return factor

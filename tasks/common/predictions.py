@@ -29,3 +29,10 @@ def write_predictions(
             writer.writerow([" ".join(str(text).split()) for text in row])
             count += 1
     return count
+
+
+def run_file(trainer, name: str) -> Path:
+    """`name` in the run directory; one file per process when several run (`name.rank<r>.ext`)."""
+    if trainer.world_size > 1:
+        name = f"{Path(name).stem}.rank{trainer.global_rank}{Path(name).suffix}"
+    return Path(trainer.default_root_dir) / name

@@ -17,7 +17,7 @@ import torch
 
 from attnlab.errors import ConfigError
 from tasks.common.bert_assets import bert_config, load_bert_state_dict
-from tasks.headline.model import HeadlineTransformer
+from tasks.common.seq2seq import Seq2SeqTransformer
 from tasks.mlm.model import bert_key_to_ours
 
 # Decoder layers: BERT's two LayerNorms sit after self-attention and after the feed-forward.
@@ -46,7 +46,7 @@ def bert_sizes(sizes: dict, max_source_positions: int, max_target_positions: int
 
 
 def bert_to_headline(
-    state_dict: dict[str, torch.Tensor], model: HeadlineTransformer
+    state_dict: dict[str, torch.Tensor], model: Seq2SeqTransformer
 ) -> dict[str, torch.Tensor]:
     """Our state-dict entries built from a HF BERT state dict."""
     mlm = {}  # name in the MLM task's BertForMLM -> tensor
@@ -79,7 +79,7 @@ def bert_to_headline(
     return ours
 
 
-def load_bert_into(model: HeadlineTransformer, state_dict: dict | None = None) -> list[str]:
+def load_bert_into(model: Seq2SeqTransformer, state_dict: dict | None = None) -> list[str]:
     """Copy BERT weights into `model`; returns the parameter names left at their random init."""
     if state_dict is None:
         state_dict = load_bert_state_dict()

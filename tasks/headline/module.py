@@ -23,9 +23,9 @@ from attnlab.attention import AttentionSpec
 from attnlab.errors import ConfigError
 from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 from tasks.common.optim import parameter_groups, warmup_linear_decay
-from tasks.common.predictions import write_predictions
+from tasks.common.predictions import run_file, write_predictions
+from tasks.common.seq2seq import Seq2SeqTransformer
 from tasks.headline.baseline import lead
-from tasks.headline.model import HeadlineTransformer
 from tasks.headline.rouge import ROUGE_KEYS, make_rouge, rouge_f1
 
 INITS = ("random", "bert")
@@ -104,7 +104,7 @@ class HeadlineModule(pl.LightningModule):
 
             # The checkpoint fixes the architecture: its sizes, and BERT's post-LN layers.
             sizes = bert_sizes(dict(sizes, norm_first=False), max_source_positions, max_target_positions)
-        self.model = HeadlineTransformer(
+        self.model = Seq2SeqTransformer(
             vocab_size,
             pad_id,
             attention=attention,
@@ -153,14 +153,9 @@ class HeadlineModule(pl.LightningModule):
         }
 
     def _loss(self, batch: dict) -> Tensor:
-        tgt = batch["tgt_ids"]
-        hidden = self.model.forward_hidden(batch["src_ids"], tgt[:, :-1])
-        targets = tgt[:, 1:]
-        # Project only the real target positions (most are padding) onto the output vocabulary;
-        # a target token outside it (unseen in training headlines) counts as [UNK].
-        real = targets.ne(self.hparams.pad_id)
-        logits = self.model.output_logits(hidden[real])
-        labels = self.model.output_index(targets[real], self.hparams.unk_id)
+        # The real target positions only; a target token outside the output vocabulary (unseen
+        # in training headlines) counts as [UNK].
+        logits, labels = self.model.target_logits(batch["src_ids"], batch["tgt_ids"], self.hparams.unk_id)
         return F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
 
     # -- loops -------------------------------------------------------------------------------
@@ -221,10 +216,7 @@ class HeadlineModule(pl.LightningModule):
 
     def predictions_path(self) -> Path:
         """`predictions.tsv` in the run directory (one file per process when several run)."""
-        name = self.hparams.predictions_file
-        if self.trainer.world_size > 1:
-            name = f"{Path(name).stem}.rank{self.trainer.global_rank}{Path(name).suffix}"
-        return Path(self.trainer.default_root_dir) / name
+        return run_file(self.trainer, self.hparams.predictions_file)
 
     def write_predictions(self, path: Path) -> None:
         write_predictions(path, self._predictions, header=("source", "reference", "prediction"))

@@ -103,12 +103,20 @@ def load_or_train(
                 os.close(fd)
                 tokenizer.save(tmp)
                 os.replace(tmp, path)
+    return load(path), path
+
+
+def load(path: str | Path) -> Tokenizer:
+    """A tokenizer file written by `load_or_train` (the model reads its own vocabulary back)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"the mt tokenizer {path} does not exist; run the task's prepare_data first")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception on a corrupt file
         raise DataError(f"cannot read the mt tokenizer {path} ({err}); delete it to retrain") from err
     check_special_ids(tokenizer, path)
-    return tokenizer, path
+    return tokenizer
 
 
 def encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:

@@ -1,24 +1,44 @@
-"""Encoder-decoder Transformer for headline generation.
+"""The Transformer encoder-decoder of the sequence-to-sequence tasks (headline, mt).
 
-- One WordPiece vocabulary: the encoder input embeddings, decoder input embeddings and output
-  projection share one matrix (as BERT ties its MLM output to its input embeddings).
-- BERT-style embeddings on both sides (word + learned position + LayerNorm), post-LN layers as
-  BERT (`norm_first=False`, which `init=bert` needs) or pre-LN (`norm_first=True`, with a final
-  LayerNorm per stack: trains stably at higher learning rates from scratch), and BERT's LM-head
-  transform before the tied output, so that `init=bert` can load all of them
-  (see `tasks.headline.bert_init`).
+Built from the library's layers (`TransformerEncoderLayer` / `TransformerDecoderLayer` with
+`layer_index=i`, run by `run_stack`), so every scheme and every analysis works in it:
+
 - The encoder layers use the `model=` attention spec; the decoder's self- and cross-attention use
   `spec.for_decoder(decoder_attention)`: the same scheme where it normalizes over keys (unas,
-  entmax, coda, realformer), else `decoder_attention` (UNAS): a query-normalized scheme would
-  leak the future (the library refuses it with ConfigError).
+  entmax) or is a logit transform (coda, realformer: every stack, as in their papers, the decoder
+  copy normalizing with UNAS), else `decoder_attention` (UNAS). A query-normalized decoder
+  attention would leak the future: refused with a ConfigError.
+- One vocabulary: the encoder and decoder input embeddings and the output projection share one
+  matrix (BERT ties its MLM output to its input; fairseq's `--share-all-embeddings`).
+
+What differs between the tasks is an option:
+
+| option | headline (BERT style) | mt (fairseq `transformer_iwslt_de_en`) |
+|---|---|---|
+| `positions` | `learned`: word + learned position, LayerNorm, dropout | `sinusoidal`: sqrt(d) x word + sinusoids, dropout |
+| `lm_head` | true: BERT's dense + activation + LayerNorm before the tied projection, plus a bias | false: the tied projection alone |
+| `weight_init` | `bert`: Normal(0, 0.02) everywhere | `fairseq`: Xavier-uniform linears, Normal(0, d^-1/2) embeddings |
+| `norm_first` | post-LN (BERT; pre-LN option) | post-LN (fairseq's default; pre-LN option) |
+| `output_vocab_size` / `set_output_vocab` | the tokens of the training headlines | the whole joint BPE |
+
+Incremental decoding (`start_decoding` / `decode_step`) and search (`tasks.common.decoding`) work
+on any of them.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import TransformerDecoderLayer, TransformerEncoderLayer, run_stack
+from attnlab.attention import (
+    MultiHeadAttention,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    run_stack,
+)
+from attnlab.attention.layers import make_activation
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 from tasks.common.incremental import (
@@ -29,37 +49,61 @@ from tasks.common.incremental import (
     start_cache,
 )
 
-_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+POSITIONS = ("learned", "sinusoidal")
+WEIGHT_INITS = ("bert", "fairseq")
+
+
+def sinusoids(length: int, dim: int) -> Tensor:
+    """(length, dim) fixed position encodings as fairseq builds them: sines of the first half of
+    the frequencies, then their cosines (Vaswani et al. 2017, concatenated, not interleaved)."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / max(half - 1, 1)))
+    angles = torch.arange(length, dtype=torch.float32)[:, None] * freq[None]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    return torch.nn.functional.pad(table, (0, dim - 2 * half))  # odd dim: a zero column
 
 
 class Embeddings(nn.Module):
-    """word (shared) + learned position, then LayerNorm and dropout, as in BERT."""
+    """Word embedding (shared) + positions.
 
-    def __init__(
-        self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float, eps: float
-    ):
+    positions="learned" (BERT): word + learned position, then LayerNorm and dropout.
+    positions="sinusoidal" (fairseq): sqrt(d) x word + fixed sinusoids, then dropout.
+    """
+
+    def __init__(self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float,
+                 eps: float, positions: str = "learned"):
         super().__init__()
         self.word = word
-        self.position = nn.Embedding(max_positions, d_model)
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self._max_positions = int(max_positions)
+        if positions == "learned":
+            self.position = nn.Embedding(max_positions, d_model)
+            self.norm = nn.LayerNorm(d_model, eps=eps)
+            self.scale = None
+        else:  # not a parameter nor saved: rebuilt from the sizes
+            self.register_buffer("sinusoids", sinusoids(max_positions, d_model), persistent=False)
+            self.norm = nn.Identity()
+            self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 
     @property
     def max_positions(self) -> int:
-        return self.position.num_embeddings
+        return self._max_positions
 
-    def forward(self, ids: Tensor) -> Tensor:
-        length = ids.shape[1]
-        if length > self.max_positions:
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, T) at positions start .. start + T - 1 -> (B, T, D)."""
+        end = start + ids.shape[1]
+        if end > self.max_positions:
             raise ConfigError(
-                f"sequence of {length} tokens is longer than the {self.max_positions} positions "
+                f"sequence of {end} tokens is longer than the {self.max_positions} positions "
                 f"of the model; truncate it (datamodule max lengths) or raise the model's positions"
             )
-        positions = torch.arange(length, device=ids.device)
-        return self.dropout(self.norm(self.word(ids) + self.position(positions)[None]))
+        if self.scale is None:
+            positions = torch.arange(start, end, device=ids.device)
+            return self.dropout(self.norm(self.word(ids) + self.position(positions)[None]))
+        return self.dropout(self.word(ids) * self.scale + self.sinusoids[start:end][None])
 
 
-class HeadlineTransformer(nn.Module):
+class Seq2SeqTransformer(nn.Module):
     def __init__(
         self,
         vocab_size: int,
@@ -79,17 +123,23 @@ class HeadlineTransformer(nn.Module):
         layer_norm_eps: float = 1e-12,
         norm_first: bool = False,
         output_vocab_size: int | None = None,
+        positions: str = "learned",
+        lm_head: bool = True,
+        weight_init: str = "bert",
     ) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ConfigError(f"activation={activation!r}; use one of {', '.join(_ACTIVATIONS)}")
+        make_activation(activation)  # an unknown name fails here, before anything is built
+        if positions not in POSITIONS:
+            raise ConfigError(f"positions={positions!r}; use one of {', '.join(POSITIONS)}")
+        if weight_init not in WEIGHT_INITS:
+            raise ConfigError(f"weight_init={weight_init!r}; use one of {', '.join(WEIGHT_INITS)}")
         encoder_spec = AttentionSpec.from_config(attention)
         decoder_spec = encoder_spec.for_decoder(decoder_attention)  # coda/realformer: decoder too
         if decoder_spec.normalizes_over_queries:
             raise ConfigError(
                 f"decoder attention {decoder_spec.scheme!r} normalizes over queries, which mixes "
                 f"all target positions and leaks the future into step-by-step decoding. The "
-                f"headline decoder must normalize over keys: remove task.module.decoder_attention "
+                f"decoder must normalize over keys: remove task.module.decoder_attention "
                 f"(or set it to unas); model={encoder_spec.scheme} applies to the encoder only"
             )
         self.pad_id = pad_id
@@ -97,12 +147,13 @@ class HeadlineTransformer(nn.Module):
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions
 
+        # Built in this order (the seeded initialization draws in module order).
         word = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.encoder_embeddings = Embeddings(
-            word, max_source_positions, d_model, dropout, layer_norm_eps
+            word, max_source_positions, d_model, dropout, layer_norm_eps, positions
         )
         self.decoder_embeddings = Embeddings(
-            word, max_target_positions, d_model, dropout, layer_norm_eps
+            word, max_target_positions, d_model, dropout, layer_norm_eps, positions
         )
         layer_args = {
             "d_model": d_model,
@@ -126,19 +177,26 @@ class HeadlineTransformer(nn.Module):
         # Pre-LN stacks end with a LayerNorm (their residual stream is never normalized otherwise).
         self.encoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if norm_first else nn.Identity()
-        # BERT's LM head: dense + activation + LayerNorm, then the tied output projection + bias.
-        self.head_transform = nn.Sequential(
-            nn.Linear(d_model, d_model),
-            _ACTIVATIONS[activation](),
-            nn.LayerNorm(d_model, eps=layer_norm_eps),
-        )
-        self.output_bias = nn.Parameter(torch.zeros(vocab_size))
-        # The output vocabulary: the token ids the decoder can produce (all by default; the task
+        if lm_head:
+            # BERT's LM head: dense + activation + LayerNorm, then the tied output projection + bias.
+            self.head_transform = nn.Sequential(
+                nn.Linear(d_model, d_model),
+                make_activation(activation),
+                nn.LayerNorm(d_model, eps=layer_norm_eps),
+            )
+            self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+        else:  # fairseq: the decoder states times the tied embeddings, no bias
+            self.head_transform = nn.Identity()
+            self.register_parameter("output_bias", None)
+        # The output vocabulary: the token ids the decoder can produce (all by default; headline
         # restricts it to the tokens of the training headlines, see `set_output_vocab`).
         self.vocab_size = vocab_size
         size = vocab_size if output_vocab_size is None else int(output_vocab_size)
         self.register_buffer("output_ids", torch.arange(size))
-        self.apply(_init_bert_style)
+        if weight_init == "bert":
+            self.apply(_init_bert_style)
+        else:
+            _init_fairseq_style(self)
 
     def set_output_vocab(self, token_ids) -> None:
         """Let the decoder produce only these token ids (sorted, unique; [PAD], [UNK] and the
@@ -156,10 +214,12 @@ class HeadlineTransformer(nn.Module):
     def restricted_output(self) -> bool:
         return self.output_ids.numel() < self.vocab_size
 
-    def output_index(self, token_ids: Tensor, unknown_id: int) -> Tensor:
+    def output_index(self, token_ids: Tensor, unknown_id: int | None = None) -> Tensor:
         """Positions of token ids in the output vocabulary; ids outside it map to `unknown_id`'s."""
         if not self.restricted_output:
             return token_ids
+        if unknown_id is None:
+            raise ValueError("a restricted output vocabulary needs the unknown token's id")
         lookup = torch.full((self.vocab_size,), -1, dtype=torch.long, device=token_ids.device)
         lookup[self.output_ids] = torch.arange(self.output_ids.numel(), device=token_ids.device)
         index = lookup[token_ids]
@@ -187,12 +247,16 @@ class HeadlineTransformer(nn.Module):
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits over the output vocabulary (..., len(output_ids)):
-        LM-head transform + the tied word embeddings of those tokens."""
+        the LM-head transform (if any) + the tied word embeddings of those tokens (+ bias)."""
         h = self.head_transform(hidden)
         if not self.restricted_output:
-            return h @ self.word_embeddings.weight.t() + self.output_bias
+            logits = h @ self.word_embeddings.weight.t()
+            return logits if self.output_bias is None else logits + self.output_bias
         weight = self.word_embeddings.weight.index_select(0, self.output_ids)
-        return h @ weight.t() + self.output_bias.index_select(0, self.output_ids)
+        logits = h @ weight.t()
+        if self.output_bias is None:
+            return logits
+        return logits + self.output_bias.index_select(0, self.output_ids)
 
     def project(self, hidden: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits over all token ids (..., V); -inf outside the output
@@ -210,7 +274,7 @@ class HeadlineTransformer(nn.Module):
         memory_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
-        """Decoder states (B, T, D), before the LM head."""
+        """Decoder states (B, T, D), before the output projection."""
         y = self.decoder_embeddings(tgt_ids)
         y = run_stack(self.decoder_layers, y, memory, tgt_key_padding_mask=tgt_padding_mask,
                       memory_key_padding_mask=memory_padding_mask)
@@ -219,9 +283,10 @@ class HeadlineTransformer(nn.Module):
     def start_decoding(
         self, memory: Tensor, memory_padding_mask: Tensor | None = None
     ) -> DecoderCache | PrefixCache:
-        """A key/value cache for `decode_step` (cross-attention keys/values projected once); a
-        prefix store for decoders whose attention cannot be cached (cascades: CODA, RealFormer)."""
-        if cacheable(list(self.decoder_layers)):
+        """A key/value cache for `decode_step` (cross-attention keys/values projected once; the
+        row-wise cascades of CODA and RealFormer are carried step by step); a prefix store for
+        decoders whose attention cannot be cached."""
+        if cacheable(list(self.decoder_layers), cascades=True):
             return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
         return PrefixCache(memory, memory_padding_mask)
 
@@ -240,11 +305,10 @@ class HeadlineTransformer(nn.Module):
             prefix = cache.append(token_ids)
             cache.length += 1
             return self.decode_hidden(prefix, cache.memory, cache.memory_padding_mask)[:, -1]
-        emb = self.decoder_embeddings
-        y = emb.word(token_ids) + emb.position.weight[position]
-        y = emb.dropout(emb.norm(y))[:, None]
+        y = self.decoder_embeddings(token_ids[:, None], start=position)
+        logits = None  # the newest position's rows of cascade logits, layer to layer
         for index, layer in enumerate(self.decoder_layers):
-            y = decoder_layer_step(layer, y, cache, index)
+            y, logits = decoder_layer_step(layer, y, cache, index, prev_logits=logits, return_logits=True)
         cache.length += 1
         return self.decoder_norm(y[:, 0])
 
@@ -256,6 +320,19 @@ class HeadlineTransformer(nn.Module):
         src_mask = src_ids.eq(self.pad_id)
         memory = self.encode(src_ids, src_mask)
         return self.decode_hidden(tgt_ids, memory, src_mask, tgt_ids.eq(self.pad_id))
+
+    def target_logits(
+        self, src_ids: Tensor, tgt_ids: Tensor, unknown_id: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher forcing on tgt_ids (B, T) (start token first): logits (N, C) over the output
+        vocabulary at the N non-padding target positions, and their labels (N,) as positions in
+        it (a token outside a restricted output vocabulary counts as `unknown_id`).
+
+        Only the real target positions (most are padding) are projected onto the vocabulary."""
+        hidden = self.forward_hidden(src_ids, tgt_ids[:, :-1])
+        targets = tgt_ids[:, 1:]
+        real = targets.ne(self.pad_id)
+        return self.output_logits(hidden[real]), self.output_index(targets[real], unknown_id)
 
 
 def _init_bert_style(module: nn.Module) -> None:
@@ -272,3 +349,26 @@ def _init_bert_style(module: nn.Module) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+def _init_fairseq_style(model: Seq2SeqTransformer) -> None:
+    """fairseq's Transformer initialization: Xavier-uniform linears with zero biases (gain
+    1/sqrt(2) for the query/key/value projections, as its MultiheadAttention), the embedding
+    Normal(0, d^-1/2) with a zero padding row. Modules of a scheme (CODA's head MLP) keep the
+    initialization their scheme gives them."""
+    owned = {id(m) for a in model.modules() if isinstance(a, MultiHeadAttention)
+             and a.transform is not None for m in a.transform.modules()}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and id(module) not in owned:
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for attn in model.modules():
+        if isinstance(attn, MultiHeadAttention):
+            for proj in (attn.q_proj, attn.k_proj, getattr(attn, "v_proj", None)):
+                if proj is not None:
+                    nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+    word = model.word_embeddings
+    nn.init.normal_(word.weight, std=model.d_model ** -0.5)
+    with torch.no_grad():
+        word.weight[model.pad_id].zero_()
