@@ -35,6 +35,12 @@ TINY: dict[str, list[str]] = {
         "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_decode_length=6",
         "task.module.beam_size=2", "trainer.max_epochs=1",
     ],
+    "lm": [
+        "task.source=wikitext", f"task.data_dir={FIXTURES / 'lm' / 'wikitext'}", "task.data.block_size=16",
+        "task.eval_stride=8", "task.datamodule.batch_size=4", "task.module.d_model=16", "task.module.nhead=2",
+        "task.module.num_layers=2", "task.module.dim_feedforward=32", "task.module.adaptive_cutoffs=[8,30]",
+        "task.module.prompt_length=4", "task.module.sample_length=6", "trainer.max_epochs=1",
+    ],
 }
 # fast, quiet defaults for every CLI test run
 QUIET = ["logger=csv", "callbacks.progress_bar=null", "trainer.enable_model_summary=false"]

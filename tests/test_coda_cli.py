@@ -7,7 +7,7 @@ import torch
 from conftest import QUIET, TINY, metrics_files, run_cli
 
 # VQA's fusion is single-head by default: two heads give the head analyses and SVGD something to do
-MULTI_HEAD = {"vqa": ["task.module.fusion_heads=2"], "mlm": [], "headline": []}
+MULTI_HEAD = {"vqa": ["task.module.fusion_heads=2"], "mlm": [], "headline": [], "lm": []}
 
 
 @pytest.mark.parametrize("task", list(TINY))
@@ -24,8 +24,10 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
         assert {"val/avg_jsd", "val/head_distance", "test/avg_jsd", "test/head_distance"} <= set(m), m
         assert "head_importance/max_drop" in m
         assert (r["_dir"] / "head_jsd.png").is_file() and (r["_dir"] / "head_importance.csv").is_file()
-        if task == "vqa":  # a classification task: calibration
+        if task in ("vqa", "lm"):  # classification outputs (answers, next tokens): calibration
             assert {"val/ece", "test/oe"} <= set(m) and (r["_dir"] / "reliability_test.png").is_file()
+        if task == "lm":  # samples at the end of test (the prefix re-run for CODA's cascade)
+            assert "greedy: " in (r["_dir"] / "predictions.txt").read_text()
     assert "repulsive attention (svgd)" in proc.stdout
 
 
