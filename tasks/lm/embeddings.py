@@ -125,7 +125,7 @@ class AdaptiveEmbedding(nn.Module):
         first = self.edges[1]
         # band 0: the head's own entry; band b: its cluster's entry, plus the within-band term
         out = -head.gather(1, flat.clamp(max=first - 1)[:, None]).squeeze(1)
-        for b, (lo, hi) in enumerate(zip(self.edges[1:], self.edges[2:]), start=1):
+        for b, (lo, hi) in enumerate(itertools.pairwise(self.edges[1:]), start=1):
             rows = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
             if rows.numel():
                 within = self._band(hidden[rows], b).gather(1, (flat[rows] - lo)[:, None]).squeeze(1)
