@@ -46,6 +46,7 @@ TINY: dict[str, list[str]] = {
         "task.module.embed_dim=16", "task.module.hidden_dim=8", "task.module.d_model=16", "task.module.nhead=2",
         "task.module.num_layers=2", "task.module.dim_feedforward=32", "task.module.hops=3",
         "task.module.attention_unit=8", "task.module.fc_dim=16", "trainer.max_epochs=1",
+    ],
     "mt": [
         "task.source=files", f"task.data_dir={FIXTURES / 'mt' / 'iwslt14'}", "task.vocab_size=300",
         "task.bleu_tokenize=none", "task.datamodule.min_frequency=1", "task.datamodule.batch_size=4",
@@ -53,6 +54,12 @@ TINY: dict[str, list[str]] = {
         "task.module.nhead=2", "task.module.num_encoder_layers=2", "task.module.num_decoder_layers=2",
         "task.module.dim_feedforward=32", "task.module.val_decode_batches=1", "task.module.max_len_a=0",
         "task.module.max_len_b=6", "task.module.beam_size=2", "trainer.max_epochs=1", "trainer.val_check_interval=1.0",
+    ],
+    "lm": [
+        "task.source=wikitext", f"task.data_dir={FIXTURES / 'lm' / 'wikitext'}", "task.data.block_size=16",
+        "task.eval_stride=8", "task.datamodule.batch_size=4", "task.module.d_model=16", "task.module.nhead=2",
+        "task.module.num_layers=2", "task.module.dim_feedforward=32", "task.module.adaptive_cutoffs=[8,30]",
+        "task.module.prompt_length=4", "task.module.sample_length=6", "trainer.max_epochs=1",
     ],
 }
 # fast, quiet defaults for every CLI test run

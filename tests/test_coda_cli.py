@@ -8,7 +8,7 @@ from conftest import QUIET, TINY, metrics_files, run_cli
 
 # VQA's fusion is single-head by default: two heads give the head analyses and SVGD something to do;
 # classify's hops are one head (its hops are the queries): its Transformer encoder has heads
-MULTI_HEAD = {"vqa": ["task.module.fusion_heads=2"], "mlm": [], "headline": [], "classify": ["task.encoder=transformer"], "mt": []}
+MULTI_HEAD = {"vqa": ["task.module.fusion_heads=2"], "mlm": [], "headline": [], "classify": ["task.encoder=transformer"], "mt": [], "lm": []}
 
 
 @pytest.mark.parametrize("task", list(TINY))
@@ -25,12 +25,14 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
         assert {"val/avg_jsd", "val/head_distance", "test/avg_jsd", "test/head_distance"} <= set(m), m
         assert "head_importance/max_drop" in m
         assert (r["_dir"] / "head_jsd.png").is_file() and (r["_dir"] / "head_importance.csv").is_file()
-        if task in ("vqa", "classify", "mt"):  # classification outputs (mt: next target tokens): calibration
+        if task in ("vqa", "classify", "mt", "lm"):  # classification outputs (mt, lm: next tokens): calibration
             assert {"val/ece", "test/oe"} <= set(m) and (r["_dir"] / "reliability_test.png").is_file()
         if task == "classify":  # the hops' diversity and their attention over one sentence per class
             assert {"val/dist", "test/dist", "test/hop_jsd"} <= set(m) and (r["_dir"] / "hop_attention.png").is_file()
         if task == "mt":
             assert (r["_dir"] / "predictions.tsv").is_file() and "test/bleu" in m
+        if task == "lm":  # samples at the end of test (the prefix re-run for CODA's cascade)
+            assert "greedy: " in (r["_dir"] / "predictions.txt").read_text()
     assert "repulsive attention (svgd)" in proc.stdout
 
 

@@ -149,8 +149,12 @@ def test_debian_default_is_wordpiece_with_a_separator_per_family(tmp_path):
     debian.prepare(tmp_path / "debian", files=TRANSLATIONS)  # what `make data` makes, from the fixture
     dm = datamodule(debian_dir=str(tmp_path / "debian"), fractions=(0.4, 0.3, 0.3))
     kwargs = dm.model_kwargs()
+    order = kwargs.pop("token_order")  # ids by decreasing training frequency (the adaptive bands)
     assert kwargs == {"vocab_size": 30522, "pad_id": bert_assets.PAD_ID, "eos_id": bert_assets.SEP_ID,
                       "unk_id": bert_assets.UNK_ID, "word_level": False, "block_size": 8}
+    counts = torch.bincount(torch.from_numpy(dm.streams["train"]).long(), minlength=30522)[order]
+    assert sorted(order) == list(range(30522)) and bool((counts[:-1] >= counts[1:]).all())
+    assert order[0] == int(torch.from_numpy(dm.streams["train"]).long().mode().values)
     segments = corpus.debian_segments([row | {"split": debian.split_of(row["family"], (0.4, 0.3, 0.3))}
                                        for row in debian.load_rows(tmp_path / "debian")])
     tokenizer = bert_assets.load_tokenizer(None)

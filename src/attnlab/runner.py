@@ -193,9 +193,6 @@ def train(cfg: DictConfig) -> dict:
     t0 = time.time()
     validate(cfg)  # every option, before any work: one clear ConfigError
     check_scheme_fits_task(cfg)  # the model group: the scheme's own options, and causal tasks
-    if "module" not in cfg.task:  # a task whose data side exists before its model (task=lm today)
-        raise ConfigError(f"task={cfg.task.name} has data but no model yet (conf/task/{cfg.task.name}.yaml "
-                          f"lacks task.module); use another task=")
     ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
     checkpoint = None
     if ckpt_path:

@@ -17,6 +17,13 @@ exactly greedy search (same ties, same ids), which the tests check.
 
 Outputs are (B, L) id tensors without the start token, ending with `eos_id` where the search
 produced it, padded with `pad_id` after it.
+
+Decoder-only models (`tasks.lm.model.TransformerLM`) continue a prompt with `sample` (greedy or
+top-k sampling); their protocol has no encoder:
+
+    cache = model.start_decoding()                                # empty KV cache (or prefix store)
+    hidden = model.decode_step(token_ids, cache)                  # (B, D), the next position
+    logits = model.project(hidden)                                # (B, V)
 """
 
 from __future__ import annotations
@@ -154,3 +161,53 @@ def strip_generated(ids: Tensor, eos_id: int, pad_id: int) -> list[list[int]]:
             row = row[: row.index(eos_id)]
         rows.append([t for t in row if t != pad_id])
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Decoder-only models: continue a prompt
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    top_k: int | None = None,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    cache=None,
+) -> Tensor:
+    """Continue each prompt (B, P) by `max_new_tokens` tokens: greedy when `top_k` is None (the
+    same `_top_tokens` choice as greedy_decode), else sampled from the `top_k` most likely tokens
+    at `temperature` (drawn with `generator`, so a seeded generator gives the same sample).
+
+    The prompt is fed one token per step through the model's cache (`model.start_decoding()`
+    unless `cache` is given). Returns the new tokens (B, max_new_tokens).
+    """
+    if max_new_tokens < 1 or prompt_ids.shape[1] < 1:
+        raise ConfigError(f"sampling needs a prompt and max_new_tokens >= 1 (got {max_new_tokens})")
+    if (top_k is not None and top_k < 1) or temperature <= 0:
+        raise ConfigError(f"top_k={top_k} must be >= 1 (or null: greedy) and temperature={temperature} > 0")
+    limit = getattr(model, "max_positions", None)
+    needed = prompt_ids.shape[1] + max_new_tokens - 1  # the last new token is not fed back
+    if limit is not None and needed > limit:
+        raise ConfigError(
+            f"a prompt of {prompt_ids.shape[1]} tokens and {max_new_tokens} new ones need {needed} "
+            f"positions but the model has {limit}; shorten the prompt or the continuation"
+        )
+    cache = model.start_decoding() if cache is None else cache
+    for t in range(prompt_ids.shape[1] - 1):
+        model.decode_step(prompt_ids[:, t], cache)
+    token, generated = prompt_ids[:, -1], []
+    for _ in range(max_new_tokens):
+        log_probs = _next_log_probs(model, token, cache)
+        if top_k is None:
+            token = _top_tokens(log_probs, 1)[1].squeeze(-1)
+        else:
+            scores, candidates = _top_tokens(log_probs / temperature, min(top_k, log_probs.shape[-1]))
+            pick = torch.multinomial(scores.softmax(-1), 1, generator=generator)
+            token = candidates.gather(1, pick).squeeze(1)
+        generated.append(token)
+    return torch.stack(generated, dim=1)

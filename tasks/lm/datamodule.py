@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
@@ -34,7 +35,7 @@ from tasks.lm.corpus import (
     split_segments,
     standard_files,
 )
-from tasks.lm.windows import TokenWindows, collate_windows
+from tasks.lm.windows import EvaluationShards, TokenWindows, collate_windows
 
 SOURCES = ("debian", *STANDARD_FILES)
 VOCABS = ("word", "wordpiece")
@@ -201,12 +202,28 @@ class LMDataModule(pl.LightningDataModule):
             # perplexity per token is per word only with a word-level vocabulary
             "word_level": self.word_level,
             "block_size": self.block_size,
+            # token ids by decreasing training frequency (ties: by id): the adaptive softmax's bands
+            "token_order": np.argsort(-np.bincount(self.streams["train"], minlength=self.tokenizer.get_vocab_size()),
+                                      kind="stable").tolist(),
         }
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of token ids (generated samples), one line per segment."""
         segments = split_segments(ids, self.eos_id, self.pad_id)
         return "\n".join(self.tokenizer.decode(segment) for segment in segments)
+
+    def prompts(self, split: str = "test", count: int = 4, length: int = 16) -> torch.Tensor:
+        """(n, 1 + length) model inputs to continue: end-of-segment, then the first `length` tokens
+        of up to `count` segments of the split that are that long, evenly spaced over the split."""
+        stream = torch.from_numpy(self.streams[split]).long()
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), (stream == self.eos_id).nonzero().squeeze(1) + 1])
+        ends = torch.cat([starts[1:] - 1, torch.tensor([len(stream)])])
+        starts = starts[ends - starts >= length]  # segments with `length` tokens before their end
+        if len(starts) == 0:
+            return torch.empty(0, length + 1, dtype=torch.long)
+        chosen = starts[torch.linspace(0, len(starts) - 1, min(count, len(starts))).round().long()]
+        eos = torch.full((len(chosen), 1), self.eos_id, dtype=torch.long)
+        return torch.cat([eos, torch.stack([stream[s : s + length] for s in chosen.tolist()])], dim=1)
 
     def token_counts(self) -> dict[str, int]:
         """Tokens per split, end-of-segment tokens included (what perplexity averages over)."""
@@ -219,11 +236,16 @@ class LMDataModule(pl.LightningDataModule):
             self.setup()
         dataset = self.datasets[split]
         batch_size = self.hparams.batch_size if shuffle else (self.hparams.eval_batch_size or self.hparams.batch_size)
+        if shuffle:  # order depends only on (seed, epoch): a resumed run sees the same batches
+            sampler = EpochSeededSampler(len(dataset), int(self.hparams.seed))
+        elif self.trainer is not None and self.trainer.world_size > 1:  # every window once
+            sampler = EvaluationShards(dataset, self.trainer.world_size, self.trainer.global_rank)
+        else:
+            sampler = None
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler=EpochSeededSampler(len(dataset), int(self.hparams.seed)) if shuffle else None,
+            sampler=sampler,
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
             collate_fn=collate_windows(self.pad_id),

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 
 from attnlab.errors import ConfigError
 
@@ -76,6 +76,26 @@ class TokenWindows(Dataset):
 
     def scored_tokens(self) -> int:
         return sum(end - score_from for _, end, score_from in self.windows)
+
+
+class EvaluationShards(DistributedSampler):
+    """Windows rank, rank + world, rank + 2 world, ... for one of `world` processes, nothing repeated.
+
+    Lightning's DistributedSampler pads an evaluation split with repeated windows so that every
+    process gets as many: their tokens would be scored twice and bias the perplexity. Being a
+    DistributedSampler, this one is kept by Lightning as it is; the processes may then see one
+    batch more or less than each other, which evaluation allows (metrics are summed at the end).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.indices = list(range(rank, len(dataset), num_replicas))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 def collate_windows(pad_id: int):

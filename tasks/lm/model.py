@@ -1,0 +1,146 @@
+"""`TransformerLM`: a decoder-only Transformer built from the library's layers.
+
+- A stack of `TransformerEncoderLayer(causal=True, layer_index=i)` in an `nn.ModuleList`, run with
+  `run_stack` (so CODA and RealFormer cascade their logits from layer to layer), every
+  self-attention with the `model=` scheme. Query-normalized schemes (DNAS, HNAS, Sinkhorn) cannot
+  be causal: the layers refuse them (and the runner refuses them before any work, `task.causal`).
+- Token embeddings scaled by sqrt(d) plus learned or sinusoidal positions, then dropout
+  (fairseq's TransformerDecoder); the output layer is tied to the input embeddings, plain
+  (`TiedEmbedding`) or adaptive (`AdaptiveEmbedding`, fairseq's transformer_lm_wiki103).
+- Pre-LN (`norm_first=True`, with a final LayerNorm unless `final_norm=false`, as
+  transformer_lm_wiki103 has none) or post-LN layers.
+
+Incremental decoding (`start_decoding` / `decode_step` / `project`, the protocol of
+`tasks.common.decoding.sample`): a key/value cache per layer (`tasks.common.incremental`), or,
+for cascades, which cannot be cached, the prefix re-run at every step (`PrefixCache`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from attnlab.attention import AttentionSpec, TransformerEncoderLayer, run_stack
+from attnlab.errors import ConfigError
+from tasks.common.incremental import KVCache, PrefixCache, cacheable, causal_layer_step
+from tasks.lm.embeddings import AdaptiveEmbedding, TiedEmbedding, sinusoidal_positions
+
+POSITIONS = ("learned", "sinusoidal")
+
+
+class TransformerLM(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int | None = None,
+        attention: AttentionSpec | dict | str = "unas",
+        d_model: int = 256,
+        nhead: int = 4,
+        num_layers: int = 4,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.1,
+        attention_dropout: float | None = None,
+        activation: str = "gelu",
+        norm_first: bool = True,
+        final_norm: bool | None = None,
+        layer_norm_eps: float = 1e-5,
+        max_positions: int = 512,
+        positions: str = "learned",
+        scale_embedding: bool = True,
+        adaptive_cutoffs: Sequence[int] | None = None,
+        adaptive_factor: float = 4.0,
+        adaptive_dropout: float = 0.0,
+        token_order: Sequence[int] | None = None,
+        checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ConfigError(f"task.module.positions={positions!r}; use one of {', '.join(POSITIONS)}")
+        spec = AttentionSpec.from_config(attention)
+        self.max_positions = int(max_positions)
+        self.checkpoint = checkpoint
+        cutoffs = [int(c) for c in adaptive_cutoffs or ()]
+        if any(c >= vocab_size for c in cutoffs):  # a small vocabulary (fixtures, your own text)
+            print(f"[lm] adaptive cutoffs {cutoffs} reach past the vocabulary of {vocab_size}: "
+                  f"using {[c for c in cutoffs if c < vocab_size] or 'none (one softmax)'}")
+            cutoffs = [c for c in cutoffs if c < vocab_size]
+        if cutoffs:
+            self.embed = AdaptiveEmbedding(vocab_size, d_model, cutoffs, adaptive_factor,
+                                           adaptive_dropout, pad_id, token_order)
+        else:
+            self.embed = TiedEmbedding(vocab_size, d_model, pad_id)
+        self.embed_scale = math.sqrt(d_model) if scale_embedding else 1.0
+        if positions == "learned":
+            self.position = nn.Embedding(self.max_positions, d_model)
+            nn.init.normal_(self.position.weight, std=d_model**-0.5)
+        else:
+            self.register_buffer("sinusoid", sinusoidal_positions(self.max_positions, d_model), persistent=False)
+            self.position = None
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, spec=spec, activation=activation,
+                                    norm_first=norm_first, layer_norm_eps=layer_norm_eps,
+                                    attn_dropout=attention_dropout, causal=True, layer_index=i)
+            for i in range(num_layers)
+        )
+        # Pre-LN leaves the residual stream unnormalized: a final LayerNorm, unless told otherwise.
+        use_final_norm = norm_first if final_norm is None else final_norm
+        self.final_norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if use_final_norm else nn.Identity()
+
+    # -- the full pass ---------------------------------------------------------------------------
+
+    def _positions(self, start: int, length: int) -> Tensor:
+        if start + length > self.max_positions:
+            raise ConfigError(
+                f"{start + length} positions needed but the model has {self.max_positions}; "
+                f"task.module.max_positions must be >= task.data.block_size (and cover generation)"
+            )
+        if self.position is not None:
+            return self.position.weight[start : start + length]
+        return self.sinusoid[start : start + length]
+
+    def embed_tokens(self, ids: Tensor, start: int = 0) -> Tensor:
+        x = self.embed(ids) * self.embed_scale + self._positions(start, ids.shape[1])
+        return self.dropout(x)
+
+    def forward(self, input_ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Hidden states (B, L, D) of every position (each sees itself and the positions before).
+
+        padding_mask (B, L), True = padding (only at the end of a window, so causal attention keeps
+        it away from real positions anyway; it is passed on so that analyses skip padded rows).
+        """
+        if padding_mask is not None and not bool(padding_mask.any()):
+            padding_mask = None  # the fused causal kernels serve unmasked input
+        x = self.embed_tokens(input_ids)
+        return self.final_norm(run_stack(self.layers, x, padding_mask, checkpoint=self.checkpoint))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.embed.logits(hidden)
+
+    def nll(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        return self.embed.nll(hidden, targets)
+
+    # -- incremental decoding --------------------------------------------------------------------
+
+    def start_decoding(self, cached: bool = True) -> KVCache | PrefixCache:
+        """A key/value cache; a prefix store when the stack cascades (or `cached=False`)."""
+        return KVCache() if cached and cacheable(self.layers) else PrefixCache()
+
+    def decode_step(self, token_ids: Tensor, cache: KVCache | PrefixCache) -> Tensor:
+        """Hidden state (B, D) after feeding token_ids (B,) at the next position (eval mode).
+
+        Equals `forward(prefix)[:, -1]` for the prefix fed so far (tested)."""
+        if isinstance(cache, PrefixCache):
+            prefix = cache.append(token_ids)
+            cache.length += 1
+            return self(prefix)[:, -1]
+        x = self.embed_tokens(token_ids[:, None], start=cache.length)
+        for index, layer in enumerate(self.layers):
+            x = causal_layer_step(layer, x, cache, index)
+        cache.length += 1
+        return self.final_norm(x[:, 0])
+
+    def project(self, hidden: Tensor) -> Tensor:
+        return self.logits(hidden)
