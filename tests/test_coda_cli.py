@@ -31,7 +31,7 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
             assert {"val/dist", "test/dist", "test/hop_jsd"} <= set(m) and (r["_dir"] / "hop_attention.png").is_file()
         if task == "mt":
             assert (r["_dir"] / "predictions.tsv").is_file() and "test/bleu" in m
-        if task == "lm":  # samples at the end of test (the prefix re-run for CODA's cascade)
+        if task == "lm":  # samples at the end of test (CODA's cascade decoded row by row)
             assert "greedy: " in (r["_dir"] / "predictions.txt").read_text()
     assert "repulsive attention (svgd)" in proc.stdout
 

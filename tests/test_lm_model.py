@@ -107,8 +107,22 @@ def test_generation_with_the_cache_equals_generation_by_rerunning_the_prefix():
     cached = sample(model, prompts, generator=torch.Generator().manual_seed(3), **kwargs)
     rerun = sample(model, prompts, generator=torch.Generator().manual_seed(3), cache=PrefixCache(), **kwargs)
     assert torch.equal(cached, rerun) and not torch.equal(cached, greedy)
-    # a cascade cannot be cached: it re-runs the prefix
-    assert isinstance(tiny_module("coda").model.start_decoding(), PrefixCache)
+
+
+@pytest.mark.parametrize("scheme", ["coda", "realformer"])
+@torch.no_grad()
+def test_cascades_decode_row_by_row_with_the_cache(scheme):
+    """CODA's and RealFormer's logits of the newest query depend on the same row of the layer
+    before: a step carries that row and equals the full pass over the prefix."""
+    model = tiny_module(scheme).model
+    prompts = torch.randint(2, V, (2, 5))
+    cache = model.start_decoding()
+    assert isinstance(cache, KVCache)
+    for t in range(prompts.shape[1]):
+        step = model.decode_step(prompts[:, t], cache)
+        torch.testing.assert_close(step, model(prompts[:, : t + 1])[:, -1], atol=1e-5, rtol=1e-5)
+    greedy = sample(model, prompts, max_new_tokens=4)
+    assert torch.equal(greedy, sample(model, prompts, max_new_tokens=4, cache=PrefixCache()))
 
 
 def test_evaluation_shards_score_every_window_once():

@@ -1,1 +1,1 @@
-"""Task `lm`: causal language modelling (CODA Table 1; Repulsive attention). Data side so far."""
+"""Task `lm`: causal language modelling (CODA Table 1; Repulsive attention): data, TransformerLM, LMModule."""

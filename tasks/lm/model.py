@@ -11,8 +11,9 @@
   transformer_lm_wiki103 has none) or post-LN layers.
 
 Incremental decoding (`start_decoding` / `decode_step` / `project`, the protocol of
-`tasks.common.decoding.sample`): a key/value cache per layer (`tasks.common.incremental`), or,
-for cascades, which cannot be cached, the prefix re-run at every step (`PrefixCache`).
+`tasks.common.decoding.sample`): a key/value cache per layer (`tasks.common.incremental`); the
+row-wise cascades of CODA and RealFormer carry the newest row of logits from layer to layer, as in
+the encoder-decoder. Other logit transforms re-run the prefix at every step (`PrefixCache`).
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ class TransformerLM(nn.Module):
     # -- incremental decoding --------------------------------------------------------------------
 
     def start_decoding(self, cached: bool = True) -> KVCache | PrefixCache:
-        """A key/value cache; a prefix store when the stack cascades (or `cached=False`)."""
-        return KVCache() if cached and cacheable(self.layers) else PrefixCache()
+        """A key/value cache (cascades carried row by row); a prefix store for a transform that
+        cannot be cached (or `cached=False`)."""
+        return KVCache() if cached and cacheable(self.layers, cascades=True) else PrefixCache()
 
     def decode_step(self, token_ids: Tensor, cache: KVCache | PrefixCache) -> Tensor:
         """Hidden state (B, D) after feeding token_ids (B,) at the next position (eval mode).
@@ -137,8 +139,9 @@ class TransformerLM(nn.Module):
             cache.length += 1
             return self(prefix)[:, -1]
         x = self.embed_tokens(token_ids[:, None], start=cache.length)
+        logits = None  # the newest position's rows of cascade logits, layer to layer
         for index, layer in enumerate(self.layers):
-            x = causal_layer_step(layer, x, cache, index)
+            x, logits = causal_layer_step(layer, x, cache, index, prev_logits=logits, return_logits=True)
         cache.length += 1
         return self.final_norm(x[:, 0])
 

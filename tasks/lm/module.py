@@ -11,7 +11,7 @@ self-attention uses the `model=` scheme in every layer (CODA Table 1; Repulsive 
 - `forward(batch)` returns the scored tokens' (logits (N, V), labels (N,)), which the Calibration
   callback reads (ECE over next-token predictions).
 - end of test: greedy and top-k continuations of a few test prompts, with the KV-cached decoding
-  of `tasks.common.decoding.sample` (the prefix re-run for cascades), into `predictions.txt`.
+  of `tasks.common.decoding.sample` (cached keys/values; cascades carried row by row), into `predictions.txt`.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class LMModule(pl.LightningModule):
         generator = torch.Generator(device=self.device).manual_seed(int(hp.sample_seed))
         top_k = sample(self.model, prompts, max_new_tokens=hp.sample_length, top_k=hp.top_k,
                        temperature=hp.temperature, generator=generator)
-        decoding = "KV cache" if cacheable(self.model.layers) else "prefix re-run (a cascade cannot be cached)"
+        decoding = "KV cache" if cacheable(self.model.layers, cascades=True) else "prefix re-run (this transform cannot be cached)"
         header = (f"# {len(prompts)} test prompts of {prompts.shape[1] - 1} tokens, {hp.sample_length} new tokens "
                   f"each; greedy and top-{hp.top_k} (temperature {hp.temperature}, seed {hp.sample_seed}); "
                   f"decoding: {decoding}")
