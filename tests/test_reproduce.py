@@ -17,15 +17,20 @@ from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, NOT_RUN, Results, exp
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_runs_of_several_claims_share_sweeps_and_missing_tasks_are_left_out(tmp_path):
+def test_runs_of_several_claims_share_sweeps_and_untrained_tasks_are_left_out(tmp_path):
     plan = Plan("quick", ROOT)
     runs = [r for c in CLAIMS.values() for r in c.runs(plan)]
     sweeps, skipped = group_sweeps(runs, plan)
     trained = [r for s in sweeps for r in s.runs]
-    assert len(trained) == len(set(trained)) == len({r for r in runs if plan.task_exists(r.task)})
+    assert len(trained) == len(set(trained)) == len({r for r in runs if plan.skip_reason(r.task) is None})
     # explaining_away's vqa runs are multiview_vqa's default-benchmark runs: trained once
     assert Run("vqa", "unas", 1) in trained and trained.count(Run("vqa", "unas", 1)) == 1
-    assert {r.task for r in skipped} == {t for t in ("mt", "classify") if not plan.task_exists(t)}
+    # --quick: the doubly-normalized attention paper's tasks; the others on request (--tasks)
+    assert {r.task for r in skipped} == {"mt", "classify", "lm"}
+    assert "add it with --tasks" in plan.skip_reason("mt")
+    sweeps_mt, _ = group_sweeps(runs, Plan("quick", ROOT, tasks=("mt",)))
+    assert {s.task for s in sweeps_mt} == {"mt"} and {r.model for s in sweeps_mt for r in s.runs} == {
+        "unas", "dnas", "coda", "repulsive"}
     vqa = next(s for s in sweeps if s.task == "vqa" and not s.extra)
     overrides = vqa.overrides(plan)
     assert overrides[:3] == ["task=vqa", "model=unas,dnas,hnas", "seed=1"]

@@ -23,12 +23,16 @@ from attnlab import dashboards, sync, wandb_runs
 
 WANDB = [sys.executable, "-m", "wandb"]
 # W&B on, every analysis on (>= 2 heads, so head diversity and importance have pairs), u at every step
-COMMON = ["model=hnas", "logger=wandb", "callbacks.progress_bar=null", "trainer.enable_model_summary=false",
+COMMON = ["logger=wandb", "callbacks.progress_bar=null", "trainer.enable_model_summary=false",
           "trainer.log_every_n_steps=1", "callbacks.hybrid_weights.every_n_steps=1",
           "callbacks.head_importance.max_batches=1"]
-VQA = ["task=vqa", *TINY["vqa"], *COMMON, "task.module.fusion_heads=2", "trainer.max_epochs=2",
+VQA = ["task=vqa", *TINY["vqa"], "model=hnas", *COMMON, "task.module.fusion_heads=2", "trainer.max_epochs=2",
        "logger.wandb.log_model=best"]
-CLASSIFICATION = {"vqa", "mlm"}  # tasks whose forward gives class logits (calibration)
+CLASSIFICATION = {"vqa", "mlm", "classify", "mt", "lm"}  # tasks whose forward gives class logits (calibration)
+# HNAS everywhere but in causal attention, which refuses it (task.causal): CODA there
+MODEL = {"lm": "coda"}
+# classify's hops are one head: its Transformer encoder has the heads of the per-head panels
+EXTRA = {"classify": ["task.encoder=transformer"]}
 
 
 @functools.cache
@@ -71,12 +75,13 @@ def sweep(tmp_path_factory, data_dir):
 
 @pytest.fixture(scope="module")
 def task_runs(tmp_path_factory, data_dir, sweep):
-    """{task: run dir} of a tiny HNAS run of every task (vqa: the resumed sweep job)."""
+    """{task: run dir} of a tiny HNAS (lm: CODA) run of every task (vqa: the resumed sweep job)."""
     runs = {"vqa": next(sweep.glob("1_*"))}
     for task in TINY:
         if task != "vqa":
             tmp = tmp_path_factory.mktemp(task)
-            run_cli([f"task={task}", *TINY[task], *COMMON], tmp, data_dir)
+            run_cli([f"task={task}", *TINY[task], f"model={MODEL.get(task, 'hnas')}", *EXTRA.get(task, []),
+                     *COMMON], tmp, data_dir)
             runs[task] = metrics_files(tmp / "outputs")[0]["_dir"]
     return runs
 
@@ -106,7 +111,8 @@ def test_dashboard_keys_are_logged(task, task_runs):
     metric = dashboards.task_metrics()[task]
     media_type = {"media": "image-file", "table": "table-file", "histogram": "histogram"}
     for section in dashboards.sections({task: metric}):
-        if section.needs == "classification" and task not in CLASSIFICATION:
+        if (section.needs == "classification" and task not in CLASSIFICATION
+                or section.needs == "hnas" and MODEL.get(task, "hnas") != "hnas"):
             assert not any(k in summary for p in section.panels for k in p.keys), section.name
             continue
         for panel in section.panels:

@@ -6,8 +6,9 @@ outputs; Repulsive attention paper, Table 1) than plain multi-head attention's.
 Per task that exists, UNAS (the Transformer / plain multi-head attention), CODA and repulsive
 attention (SVGD) are trained (first seed) and the HeadDiversity callback's test statistics read
 from metrics.json: `test/avg_jsd` and `test/head_distance` (means over the multi-head layers).
-VQA's fusion runs with 4 heads here (its default has 1). The tasks of the papers, `mt` (CODA,
-Repulsive attention) and `classify` (Repulsive attention), are included once they exist.
+VQA's fusion runs with 4 heads here (its default has 1), classify with its Transformer encoder
+(its hops are one head). The tasks of the papers, `mt` (CODA, Repulsive attention), `lm` (CODA)
+and `classify` (Repulsive attention), run with --full, --gpu, or --quick --tasks mt,lm,classify.
 
 Verdict: holds when CODA's JSD exceeds UNAS's and repulsive attention's distance exceeds UNAS's in
 every task run.
@@ -24,9 +25,9 @@ NAME = "head_diversity"
 TITLE = "Head diversity"
 PAPER = "CODA paper (head JSD); Repulsive attention paper, Table 1 (Dist)"
 CLAIM = "CODA: higher average JSD between heads than the Transformer; repulsive: larger head distance than MA"
-TASKS = ("vqa", "mlm", "headline", "mt", "classify")
+TASKS = ("vqa", "mlm", "headline", "mt", "classify", "lm")
 # overrides a task needs so that it has multi-head attention to compare
-TASK_EXTRA = {"vqa": ("task.module.fusion_heads=4",)}
+TASK_EXTRA = {"vqa": ("task.module.fusion_heads=4",), "classify": ("task.encoder=transformer",)}
 MODELS = ("unas", "coda", "repulsive")
 
 
