@@ -38,8 +38,9 @@ EXTRA = {"classify": ["task.encoder=transformer"]}
 @functools.cache
 def leet_inspect(fragment, *options: str) -> str:
     """What a W&B offline run holds, read back with W&B's own reader (`wandb leet inspect`)."""
-    return subprocess.run([*WANDB, "leet", "inspect", *options, str(fragment)], capture_output=True, text=True,
-                          check=True).stdout
+    # cwd: the W&B CLI writes its debug log into ./wandb, which must not be the repository's
+    return subprocess.run([*WANDB, "leet", "inspect", *options, str(fragment)], cwd=fragment.parent,
+                          capture_output=True, text=True, check=True).stdout
 
 
 def inspect(fragment) -> dict:
@@ -133,8 +134,8 @@ def test_u_is_logged_at_every_step(task_runs):
 
 
 def test_sync_dry_run_lists_every_run_once(sweep, tmp_path, data_dir):
-    out = subprocess.run([sys.executable, "-m", "attnlab.sync", str(sweep), "--dry-run"], capture_output=True,
-                         text=True, env=cli_env(tmp_path, data_dir), check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "attnlab.sync", str(sweep), "--dry-run"], cwd=tmp_path,
+                         capture_output=True, text=True, env=cli_env(tmp_path, data_dir), check=True).stdout
     ids = [json.loads((j / wandb_runs.RUN_FILE).read_text())["id"] for j in sorted(sweep.glob("*_vqa_*"))]
     assert [out.count(i) for i in ids] == [1, 1]
     assert "2 run(s), 3 fragment(s) to upload (dry run)" in out
