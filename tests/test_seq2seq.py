@@ -123,6 +123,18 @@ def test_prefix_store_and_cache_agree_on_a_cascade(one_thread):
                                        model.decode_step(prefix[:, t], fallback), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("scheme", ["coda", "realformer"])
+def test_beam_search_on_a_cached_cascade_equals_the_prefix_rerun(scheme, one_thread, monkeypatch):
+    # beam search reorders the cache (select) between steps: the reordered key/value cache of a
+    # cascade must decode exactly what re-running the prefix decodes
+    src, mask = padded_sources([9, 4, 16], vocab=40)
+    model = tiny_model(attention=scheme)
+    options = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_length": 8, "beam_size": 3}
+    cached = beam_search(model, src, mask, **options)
+    monkeypatch.setattr(model, "start_decoding", lambda memory, m: PrefixCache(memory, m))
+    assert torch.equal(cached, beam_search(model, src, mask, **options))
+
+
 def test_restricted_output_vocabulary(one_thread):
     model = tiny_model()
     hidden = torch.randn(5, 32)
