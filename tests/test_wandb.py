@@ -151,8 +151,9 @@ def fake_wandb(monkeypatch):
     fake.close()
 
 
-def test_sync_uploads_fragments_into_their_run(sweep, tmp_path, fake_wandb, capsys):
+def test_sync_uploads_fragments_into_their_run(sweep, tmp_path, fake_wandb, capsys, monkeypatch):
     copy = shutil.copytree(sweep, tmp_path / sweep.name)
+    monkeypatch.chdir(tmp_path)  # `wandb sync` writes its debug log into ./wandb/logs
     assert sync.main([str(copy)]) == 0
     table = capsys.readouterr().out
     jobs = sorted(copy.glob("*_vqa_*"))
