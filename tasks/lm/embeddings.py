@@ -12,7 +12,8 @@ Adaptive: the vocabulary, ranked by decreasing training frequency (`token_order`
 rank; the word-level vocabularies of `tasks.lm.corpus` are nearly in that order already, the
 WordPiece ids of the Debian default are not), is cut into bands at `cutoffs` (Wikitext-103:
 20000, 60000 of 267,735 words; the Debian default: 2000, 8000 of 30,522 word pieces, where the
-first band covers 87% of the training tokens and the first two 98%). Band b embeds its words in d / factor**b dimensions and projects them to d. The output
+first band covers 87% of the training tokens and the first two 98%). Band b embeds its words in
+d / factor**b dimensions and projects them to d. The output
 reuses those weights: a head scores the first band's words plus one cluster per other band;
 a word of band b >= 1 gets log p(cluster b) + log softmax within band b, whose scores are
 hidden -> (band b's projection, transposed) -> dropout -> (band b's embeddings). A training
