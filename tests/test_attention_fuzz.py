@@ -53,6 +53,10 @@ def problems(draw, lengths=LENGTHS):
 
 # Where ATen's CPU flash kernel alone gives non-finite gradients (unas must not run there).
 HUGE_SCORES = build_problem(1, 512, 512, 8, 1e4, [0.0], [0.0], 0, 0.0)
+# Found by the random search: the kernels' column pass rounds the scores (~1e8) differently from
+# the row pass, so s - c reached +96 and the row LSE +128 with e^128 = inf in the DNAS backward:
+# NaN gradients, until the kernels clamped s - c at its exact bound 0.
+ROUNDING_GAP = build_problem(2, 128, 512, 8, 1e4, [0.0, 0.0], [0.0, 0.0], 158, 0.0)
 
 
 def check(p, scheme, run, n_iter=1, regenerate_mask=True):
@@ -79,11 +83,12 @@ def check(p, scheme, run, n_iter=1, regenerate_mask=True):
     torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
 
 
-# derandomize: CI runs the same examples every time; a random search once found a DNAS case with
-# scores ~1e8 whose gradients were not finite (open: see the closing note of stop 21)
+# derandomize: CI runs the same examples every time (a failure found by a random search
+# becomes an @example, as ROUNDING_GAP did)
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(problems())
 @example(HUGE_SCORES)
+@example(ROUNDING_GAP)
 def test_cpu_paths(p):
     kpm, qpm, drop = p["kpm"], p["qpm"], p["dropout_p"]
     for scheme in ("unas", "dnas", "hnas"):  # flash / fused C++ (by dropout and magnitude)
@@ -102,6 +107,7 @@ def test_cpu_paths(p):
 
 @settings(max_examples=4, deadline=None, derandomize=True)
 @given(problems(lengths=[65, 129, 300, 512]))
+@example(ROUNDING_GAP)
 def test_triton_paths(p):
     pytest.importorskip("triton")
     from attnlab.attention.kernels import triton_query_normalized as tq

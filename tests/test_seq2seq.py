@@ -192,6 +192,26 @@ def test_beam_one_equals_greedy_exactly(one_thread):
     assert_beam_one_is_greedy(model, src, mask)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_stopping_early_returns_what_searching_to_max_length_returns(alpha, one_thread):
+    # peaked models nudged to EOS: some hypotheses finish at once, others never do. (The grid
+    # includes a case, alpha 2, where stopping once no running hypothesis is ahead *now* would
+    # change the result: the bound must look at the largest length penalty still reachable.)
+    stopped_sooner = 0
+    for scale, eos_bias, seed, beam_size in itertools.product((3.0, 10.0), (0.5, 2.0, 4.0), range(4),
+                                                              (2, 4)):
+        model = peaked(tiny_model(seed=seed, attention="unas"), scale=scale, eos_bias=eos_bias)
+        src, mask = padded_sources([9, 4, 16, 1, 7, 12], vocab=40, seed=seed)
+        options = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "max_length": 11,
+                   "beam_size": beam_size, "length_penalty": alpha}
+        early = beam_search(model, src, mask, **options)
+        full = beam_search(model, src, mask, stop_early=False, **options)
+        width = early.shape[1]
+        assert torch.equal(early, full[:, :width]) and (full[:, width:] == PAD).all()
+        stopped_sooner += width < full.shape[1]
+    assert stopped_sooner > 0  # the cases above do reach the early stop
+
+
 @torch.no_grad()
 def _sequence_log_probs(model, src, mask, sequences):
     """Total log-probability of each token sequence (one batched teacher-forced pass)."""

@@ -99,12 +99,19 @@ def beam_search(
     max_length: int,
     beam_size: int = 4,
     length_penalty: float = 0.6,
+    stop_early: bool = True,
 ) -> Tensor:
     """Beam search with a fixed number of hypotheses per example.
 
     A hypothesis that emits EOS stays in its beam with its score frozen (it can only be extended
     by padding, at log-probability 0), so it keeps competing by raw log-probability with the
     running ones. At the end the hypothesis with the best length-normalized score wins.
+
+    `stop_early` ends the search once, in every example, no running hypothesis can still beat the
+    best finished one: log-probabilities only fall, so a running score s can at best become
+    s / lp at the length (up to max_length) where the length penalty lp is largest. The result
+    is the one of searching on to max_length (tested), without the steps an undertrained model
+    spends on hypotheses that never emit EOS. (Only for length_penalty >= 0.)
     """
     if beam_size < 1:
         raise ConfigError(f"beam_size={beam_size} must be >= 1 (1 is greedy search)")
@@ -123,6 +130,10 @@ def beam_search(
     scores = scores.view(-1)
     finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
+    longest = torch.full_like(lengths, max_length)
+    # a negative penalty favours short hypotheses: running ones could then still push the best
+    # finished one out of the beam, and the bound below would not be exact
+    early = stop_early and length_penalty >= 0
 
     for _ in range(max_length):
         log_probs = _next_log_probs(model, prefix[:, -1], cache)
@@ -145,12 +156,25 @@ def beam_search(
         scores = best
         lengths = lengths[parent] + (~was_finished).long()
         finished = was_finished | (token == eos_id)
-        if bool(finished.all()):
+        if bool(finished.all()) or (early and _settled(scores, lengths, longest, finished, batch,
+                                                       length_penalty)):
             break
 
     normalized = (scores / length_penalty_factor(lengths, length_penalty)).view(batch, k)
     winner = normalized.argmax(dim=-1) + torch.arange(batch, device=device) * k
     return prefix[winner, 1:]
+
+
+def _settled(scores: Tensor, lengths: Tensor, longest: Tensor, finished: Tensor, batch: int,
+             alpha: float) -> bool:
+    """True when, in every example, the best finished hypothesis beats the best that any running
+    one can still reach (its score over the largest length penalty of the lengths left)."""
+    normalized = scores / length_penalty_factor(lengths, alpha)
+    reachable = scores / torch.maximum(length_penalty_factor(lengths, alpha),
+                                       length_penalty_factor(longest, alpha))
+    best_finished = torch.where(finished, normalized, float("-inf")).view(batch, -1).amax(-1)
+    best_running = torch.where(finished, float("-inf"), reachable).view(batch, -1).amax(-1)
+    return bool((best_running < best_finished).all())
 
 
 def strip_generated(ids: Tensor, eos_id: int, pad_id: int) -> list[list[int]]:

@@ -182,7 +182,8 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     ours = (f"clusters after {STEPS} steps: 500+50 UNAS {final[('imbalanced', 'unas')]}, DNAS "
             f"{final[('imbalanced', 'dnas')]}; 225+225 UNAS {final[('balanced', 'unas')]}, DNAS "
             f"{final[('balanced', 'dnas')]}. 1-D: closed form = simulation (max |diff| {worst:.1e}); "
-            f"DNAS keeps the centres at least as far apart as UNAS for every r >= 1, a tested: {dnas_keeps_more}")
+            f"DNAS keeps the centres at least as far apart as UNAS for every r >= 1 and a tested: "
+            f"{'yes' if dnas_keeps_more else 'no'}")
     table = ["| a | r | UNAS closed | UNAS simulated | DNAS closed | DNAS simulated |", "|---|---|---|---|---|---|"]
     for r_u, r_d in zip(rows[::2], rows[1::2]):
         table.append(f"| {r_u['a']} | {r_u['r']:g} | {r_u['closed']:.4f} | {r_u['simulated']:.4f} | "

@@ -32,7 +32,8 @@
 //
 // Empty rows (padded query, or every key padded) get out = 0 and r = +inf, so that P = 0 in
 // the backward; a column without valid queries gets c = 0. Nothing produces NaN: every exp()
-// argument is <= 0 or -inf.
+// argument is <= 0 or -inf, and s - c is clamped at 0, its exact bound, because the column pass
+// and the row pass may round s differently (rows.h, add_bias_max): rd <= log N.
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -52,7 +53,7 @@ void column_lse(const T* q, int64_t q_row, const T* k, int64_t k_row, const T* q
     gemm<T>(false, true, nb, M, d, scale, k + j0 * k_row, k_row, q, q_row, T(0), buf, M);
     for (int64_t r = 0; r < nb; ++r) {
       T* x = buf + r * M;
-      const T m = add_bias_max(x, query_bias, M);
+      const T m = add_bias_max(x, query_bias, M, T(kInf));
       c[j0 + r] = std::isinf(m) ? T(0) : m + std::log(exp_sum<T>(x, m, M));
     }
   }
@@ -106,7 +107,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           if (hybrid) {
             add_bias_two_max(x, kbias.data(), cs, N, mu, md);
           } else {
-            md = mu = add_bias_max(x, cbias.data(), N);
+            md = mu = add_bias_max(x, cbias.data(), N, column ? T(0) : T(kInf));
           }
           if (std::isinf(qbias[i]) || std::isinf(mu)) {  // padded query / no valid key
             std::fill(x, x + N, T(0));

@@ -109,20 +109,31 @@ void padding_bias(const std::optional<at::Tensor>& mask, int64_t b, int64_t n, T
 
 // ---- row sweeps (vectorized over j; x is one row of a score block) --------------------------
 
-// x_j += bias_j; returns max_j x_j.
+// x_j <- min(x_j + bias_j, ceiling); returns max_j x_j. The DNAS log-weights s_ij - c_j are <= 0
+// exactly, but the column pass and the row pass compute s_ij with differently shaped products,
+// which may round it differently (by hundreds at |s| ~ 1e8): ceiling 0 restores the bound that
+// keeps the row LSE rd <= log N and exp(rd) finite. UNAS and the column pass: ceiling +inf.
 template <typename T>
-T add_bias_max(T* x, const T* bias, int64_t n) {
+T add_bias_max(T* x, const T* bias, int64_t n, T ceiling) {
   using V = Vectorized<T>;
+  const V vc(ceiling);
   V vmax(-T(kInf));
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    const V v = V::loadu(x + j) + V::loadu(bias + j);
+    const V v = at::vec::minimum(V::loadu(x + j) + V::loadu(bias + j), vc);
     v.store(x + j);
     vmax = at::vec::maximum(vmax, v);
   }
   T m = hmax(vmax);
-  for (; j < n; ++j) m = std::max(m, x[j] += bias[j]);
+  for (; j < n; ++j) m = std::max(m, x[j] = std::min(x[j] + bias[j], ceiling));
   return m;
+}
+
+// The DNAS log-weight x_j + cb_j = s_j - c_j (+ key bias), clamped at its exact bound 0 (see
+// add_bias_max).
+template <typename T>
+inline Vectorized<T> dnas_logit(const Vectorized<T>& s, const Vectorized<T>& cb) {
+  return at::vec::minimum(s + cb, Vectorized<T>(T(0)));
 }
 
 // x_j <- exp(x_j - m); returns the sum. m finite.
@@ -142,7 +153,7 @@ T exp_sum(T* x, T m, int64_t n) {
   return s;
 }
 
-// HNAS forward: x_j += kb_j; mu = max_j x_j, md = max_j (x_j - c_j).
+// HNAS forward: x_j += kb_j; mu = max_j x_j, md = max_j min(x_j - c_j, 0).
 template <typename T>
 void add_bias_two_max(T* x, const T* kb, const T* c, int64_t n, T& mu, T& md) {
   using V = Vectorized<T>;
@@ -152,18 +163,18 @@ void add_bias_two_max(T* x, const T* kb, const T* c, int64_t n, T& mu, T& md) {
     const V v = V::loadu(x + j) + V::loadu(kb + j);
     v.store(x + j);
     vu = at::vec::maximum(vu, v);
-    vd = at::vec::maximum(vd, v - V::loadu(c + j));
+    vd = at::vec::maximum(vd, dnas_logit(v, -V::loadu(c + j)));
   }
   mu = hmax(vu);
   md = hmax(vd);
   for (; j < n; ++j) {
     x[j] += kb[j];
     mu = std::max(mu, x[j]);
-    md = std::max(md, x[j] - c[j]);
+    md = std::max(md, std::min(x[j] - c[j], T(0)));
   }
 }
 
-// HNAS forward: e_j = exp(x_j - mu), x_j <- exp(x_j - c_j - md); their sums lu, ld.
+// HNAS forward: e_j = exp(x_j - mu), x_j <- exp(min(x_j - c_j, 0) - md); their sums lu, ld.
 template <typename T>
 void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
   using V = Vectorized<T>;
@@ -172,7 +183,7 @@ void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
     const V v = V::loadu(x + j);
-    const V a = vexp(v - vmu), b = vexp(v - V::loadu(c + j) - vmd);
+    const V a = vexp(v - vmu), b = vexp(dnas_logit(v, -V::loadu(c + j)) - vmd);
     a.store(e + j);
     b.store(x + j);
     su = su + a;
@@ -182,7 +193,7 @@ void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
   ld = hsum(sd);
   for (; j < n; ++j) {
     e[j] = std::exp(x[j] - mu);
-    x[j] = std::exp(x[j] - c[j] - md);
+    x[j] = std::exp(std::min(x[j] - c[j], T(0)) - md);
     lu += e[j];
     ld += x[j];
   }
@@ -199,7 +210,7 @@ void axpby(T a, T* x, T b, const T* y, int64_t n) {
   for (; j < n; ++j) x[j] = a * x[j] + b * y[j];
 }
 
-// DNAS backward pass 1: x_j <- Pd_j = exp(x_j + cb_j - rd) (cb = key bias - c), and
+// DNAS backward pass 1: x_j <- Pd_j = exp(min(x_j + cb_j, 0) - rd) (cb = key bias - c), and
 // acc_j += Dd Pd_j. rd = +inf (empty row) gives Pd = 0.
 template <typename T>
 void dnas_pass1_row(T* x, const T* cb, T rd, T dd, T* acc, int64_t n) {
@@ -207,12 +218,12 @@ void dnas_pass1_row(T* x, const T* cb, T rd, T dd, T* acc, int64_t n) {
   const V vrd(rd), vdd(dd);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    const V p = vexp(V::loadu(x + j) + V::loadu(cb + j) - vrd);
+    const V p = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
     p.store(x + j);
     at::vec::fmadd(vdd, p, V::loadu(acc + j)).store(acc + j);
   }
   for (; j < n; ++j) {
-    x[j] = std::exp(x[j] + cb[j] - rd);
+    x[j] = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
     acc[j] += dd * x[j];
   }
 }
@@ -228,7 +239,7 @@ std::pair<T, T> hnas_pass1_row(T* x, T* pu, const T* dp, const T* kb, const T* c
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
     const V s = V::loadu(x + j), g = V::loadu(dp + j);
-    const V pd = vexp(s + V::loadu(cb + j) - vrd), pu_v = vexp(s + V::loadu(kb + j) - vru);
+    const V pd = vexp(dnas_logit(s, V::loadu(cb + j)) - vrd), pu_v = vexp(s + V::loadu(kb + j) - vru);
     pd.store(x + j);
     pu_v.store(pu + j);
     sd = at::vec::fmadd(pd, g, sd);
@@ -238,7 +249,7 @@ std::pair<T, T> hnas_pass1_row(T* x, T* pu, const T* dp, const T* kb, const T* c
   T dd = hsum(sd), du = hsum(su);
   for (; j < n; ++j) {
     const T s = x[j];
-    x[j] = std::exp(s + cb[j] - rd);
+    x[j] = std::exp(std::min(s + cb[j], T(0)) - rd);
     pu[j] = std::exp(s + kb[j] - ru);
     dd += x[j] * dp[j];
     du += pu[j] * dp[j];
@@ -267,7 +278,7 @@ void hnas_pass1_finish(T* x, const T* pu, T dd, T u, T* acc, int64_t n) {
 
 // Backward pass 2: the full score gradient, in place of dp (= dP_j on entry):
 //   ds_j = Pd_j (u (dP_j - Dd) + e dLdc_j) + (1 - u) Pu_j (dP_j - Du)
-// with Pd_j = exp(x_j + cb_j - rd), Pu_j = exp(x_j + kb_j - ru) (HNAS only: kb non-null), and
+// with Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = exp(x_j + kb_j - ru) (HNAS only: kb non-null), and
 // e = exp(rd) (0 on empty rows), so that Pd_j e = xi_j, the column softmax.
 template <typename T>
 void score_grad_row(const T* x, T* dp, const T* kb, const T* cb, T rd, T ru, T dd, T du, T u,
@@ -277,12 +288,12 @@ void score_grad_row(const T* x, T* dp, const T* kb, const T* cb, T rd, T ru, T d
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
     const V s = V::loadu(x + j), g = V::loadu(dp + j);
-    V ds = vexp(s + V::loadu(cb + j) - vrd) * (vu * (g - vdd) + ve * V::loadu(dldc + j));
+    V ds = vexp(dnas_logit(s, V::loadu(cb + j)) - vrd) * (vu * (g - vdd) + ve * V::loadu(dldc + j));
     if (kb) ds = ds + v1u * vexp(s + V::loadu(kb + j) - vru) * (g - vdu);
     ds.store(dp + j);
   }
   for (; j < n; ++j) {
-    T ds = std::exp(x[j] + cb[j] - rd) * (u * (dp[j] - dd) + e * dldc[j]);
+    T ds = std::exp(std::min(x[j] + cb[j], T(0)) - rd) * (u * (dp[j] - dd) + e * dldc[j]);
     if (kb) ds += (T(1) - u) * std::exp(x[j] + kb[j] - ru) * (dp[j] - du);
     dp[j] = ds;
   }

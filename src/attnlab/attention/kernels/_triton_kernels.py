@@ -127,7 +127,8 @@ def _forward(Q, K, V, C, U, KPM, QPM, KEEP, O, OD, OU, LSE_D, LSE_U,
         if DROPOUT:
             kept = _keep(KEEP, bh, offs_m, offs_n, M, N, seed_lo, seed_hi, threshold, HAS_KEEP)
         # DNAS: online softmax of t = s - c (the sums count every key; dropout after them)
-        t = tl.where(valid, s - c[None, :], float("-inf"))
+        # s - c <= 0 exactly; clamped because _column_lse rounds s in another tile order
+        t = tl.where(valid, tl.minimum(s - c[None, :], 0.0), float("-inf"))
         m_new = tl.maximum(m_d, tl.max(t, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_d - m_safe)
@@ -189,7 +190,7 @@ def _score_grads(q, k, g, v, c, lse_d, lse_u, delta_d, delta_u, u, valid, kept, 
     """For one (queries x keys) tile: xi, the dropped mixed weights W~, the u-weighted DNAS score
     gradient dT and the score gradient dS of both branches (without the c term)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    t = s - c[None, :]
+    t = tl.minimum(s - c[None, :], 0.0)  # as in _forward: exp(t) = xi <= 1, never inf
     xi = tl.exp(tl.where(valid, t, float("-inf")))
     pd = tl.exp(tl.where(valid, t - lse_d[:, None], float("-inf")))
     dp = tl.dot(g, tl.trans(v), input_precision=PRECISION)
