@@ -130,10 +130,11 @@ def beam_search(
     scores = scores.view(-1)
     finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
-    longest = torch.full_like(lengths, max_length)
     # a negative penalty favours short hypotheses: running ones could then still push the best
     # finished one out of the beam, and the bound below would not be exact
     early = stop_early and length_penalty >= 0
+    # the penalty grows with the length: max_length's is the largest a running one can reach
+    lp_longest = length_penalty_factor(torch.tensor(max_length), length_penalty).item()
 
     for _ in range(max_length):
         log_probs = _next_log_probs(model, prefix[:, -1], cache)
@@ -156,8 +157,8 @@ def beam_search(
         scores = best
         lengths = lengths[parent] + (~was_finished).long()
         finished = was_finished | (token == eos_id)
-        if bool(finished.all()) or (early and _settled(scores, lengths, longest, finished, batch,
-                                                       length_penalty)):
+        if bool(finished.all()) or (early and _settled(scores, lengths, finished, batch,
+                                                       length_penalty, lp_longest)):
             break
 
     normalized = (scores / length_penalty_factor(lengths, length_penalty)).view(batch, k)
@@ -165,15 +166,13 @@ def beam_search(
     return prefix[winner, 1:]
 
 
-def _settled(scores: Tensor, lengths: Tensor, longest: Tensor, finished: Tensor, batch: int,
-             alpha: float) -> bool:
+def _settled(scores: Tensor, lengths: Tensor, finished: Tensor, batch: int, alpha: float,
+             lp_longest: float) -> bool:
     """True when, in every example, the best finished hypothesis beats the best that any running
-    one can still reach (its score over the largest length penalty of the lengths left)."""
+    one can still reach (its score, which only falls, over the largest length penalty)."""
     normalized = scores / length_penalty_factor(lengths, alpha)
-    reachable = scores / torch.maximum(length_penalty_factor(lengths, alpha),
-                                       length_penalty_factor(longest, alpha))
     best_finished = torch.where(finished, normalized, float("-inf")).view(batch, -1).amax(-1)
-    best_running = torch.where(finished, float("-inf"), reachable).view(batch, -1).amax(-1)
+    best_running = torch.where(finished, float("-inf"), scores / lp_longest).view(batch, -1).amax(-1)
     return bool((best_running < best_finished).all())
 
 
