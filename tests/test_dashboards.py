@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from wandb_server import ENTITY, FakeWandb
+from helpers.wandb_server import ENTITY, FakeWandb
 
 from attnlab import dashboards
 

@@ -1,0 +1,207 @@
+"""Which path `attend` runs (each scheme's fast paths, `route`), UNAS through SDPA, and attention
+dropout inside the fused CPU kernel (exact against the reference given the same keep mask;
+statistics)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers.kernel_cases import RecordShapes, leaf, out_and_grads, padded_problem, reference_out
+
+from attnlab.attention import MultiHeadAttention, Normalizer, attend, fused, paths
+from attnlab.attention.functional import route
+from attnlab.attention.kernels import dropout, sdpa, triton_query_normalized
+
+F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
+
+# (scheme, device, dtype, dropout_p, causal) -> the path attend tries first
+ROUTES = [
+    ("unas", "cpu", F32, 0.0, False, "sdpa"),
+    ("unas", "cpu", F32, 0.0, True, "sdpa"),
+    ("unas", "cpu", F32, 0.1, False, "fused_cpu"),
+    ("unas", "cpu", F32, 0.1, True, "sdpa_math"),
+    ("unas", "cuda", BF16, 0.1, True, "sdpa"),
+    ("unas", "cuda", F64, 0.0, False, "reference"),
+    ("dnas", "cpu", F32, 0.0, False, "fused_cpu"),
+    ("hnas", "cpu", F64, 0.1, False, "fused_cpu"),
+    ("dnas", "cuda", BF16, 0.1, False, "triton"),
+    ("hnas", "cuda", F32, 0.0, False, "triton"),
+    ("hnas", "cuda", F64, 0.0, False, "reference"),
+    ("sinkhorn", "cpu", F32, 0.0, False, "reference"),  # n_iter=3 below
+    ("sinkhorn", "cuda", BF16, 0.0, False, "reference"),
+    ("entmax", "cpu", F32, 0.0, False, "reference"),
+    ("hnas", "mps", F32, 0.0, False, "reference"),
+]
+
+
+@pytest.fixture
+def triton_on_cuda(monkeypatch):
+    monkeypatch.setattr(triton_query_normalized, "available", lambda device: device == "cuda")
+
+
+@pytest.mark.parametrize(("scheme", "device", "dtype", "dropout_p", "causal", "first"), ROUTES)
+def test_route_picks_the_path_serving_the_options(scheme, device, dtype, dropout_p, causal, first,
+                                                  triton_on_cuda):
+    names = route(scheme, device, dtype, dropout_p, causal, n_iter=3)
+    assert names[0] == first and names[-1] == "reference"
+    # Sinkhorn with one iteration is DNAS, and runs on DNAS's kernels
+    if scheme == "dnas":
+        assert route("sinkhorn", device, dtype, dropout_p, causal, n_iter=1) == names
+
+
+def test_route_without_the_compiled_kernels(monkeypatch):
+    monkeypatch.setattr(fused, "load", lambda: False)
+    monkeypatch.setattr(triton_query_normalized, "available", lambda device: False)
+    assert route("dnas", "cpu", F32) == ["composed", "reference"]
+    assert route("dnas", "cpu", F32, 0.1) == ["reference"]
+    assert route("unas", "cpu", F32, 0.1) == ["sdpa_math", "reference"]
+    assert route("hnas", "cuda", BF16) == ["reference"]
+
+
+@pytest.fixture
+def spied_paths(monkeypatch):
+    """Every path records its name when attend runs it (the triton one returns zeros)."""
+    ran = []
+    real_call, real_reference = paths.FastPath.__call__, Normalizer.reference
+
+    def call(self, normalizer, c):
+        if not self.supports(normalizer, paths.device_type(c.q), paths.working_dtype(c.q, paths.device_type(c.q)),
+                             c.dropout_p, c.causal):
+            return None
+        ran.append(self.name)
+        return torch.zeros_like(c.q) if self.name == "triton" else real_call(self, normalizer, c)
+
+    monkeypatch.setattr(paths.FastPath, "__call__", call)
+    monkeypatch.setattr(Normalizer, "reference", lambda self, c: ran.append("reference") or real_reference(self, c))
+    return ran
+
+
+@pytest.mark.parametrize(("device", "scheme", "dropout_p", "expected"), [
+    ("cpu", "unas", 0.0, "sdpa"), ("cpu", "unas", 0.2, "fused_cpu"), ("cpu", "hnas", 0.2, "fused_cpu"),
+    ("cuda", "unas", 0.0, "sdpa"), ("cuda", "dnas", 0.2, "triton"), ("cuda", "sinkhorn", 0.0, "reference"),
+])
+def test_attend_runs_the_routed_path(device, scheme, dropout_p, expected, spied_paths,
+                                     triton_on_cuda, monkeypatch):
+    monkeypatch.setattr(paths, "device_type", lambda t: device)
+    q, k, v, u, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=1)
+    attend(q, k, v, scheme, kpm, qpm, u=u, n_iter=3, dropout_p=dropout_p)
+    assert spied_paths == [expected]
+
+
+def test_unas_flash_declines_huge_scores_and_the_fused_kernel_stays_finite(spied_paths):
+    """ATen's CPU flash kernel gives non-finite gradients from |s| ~ 5e8 (S >= 128)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = leaf(*(torch.randn(1, 2, 256, 8, generator=g) * m for m in (1e4, 1e4, 1)))
+    out = attend(q, k, v, "unas")
+    out.square().sum().backward()
+    assert spied_paths == ["sdpa", "fused_cpu"]
+    assert all(torch.isfinite(t).all() for t in (out, q.grad, k.grad, v.grad))
+    spied_paths.clear()
+    attend(q / 1e3, k / 1e3, v, "unas")  # ordinary scores stay on flash
+    assert spied_paths == ["sdpa"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backends", [sdpa.CPU_FLASH, sdpa.CPU_MATH])
+def test_sdpa_masking_matches_reference(causal, backends):
+    """Key and query padding, rows with no key (every key padded, or before the first valid key
+    under the causal mask): zeros and finite gradients, as in the reference."""
+    q, k, v, _, kpm, qpm = padded_problem(7, 7, 8, d_v=6, seed=2)
+    kpm[1, :3] = True  # causal rows 0-2 of item 1 have no key left
+    inputs = leaf(q, k, v)
+    g_out = torch.randn(4, 1, 7, 6)
+    got = out_and_grads(lambda: sdpa.unas_sdpa(*inputs, kpm, qpm, causal, backends=backends),
+                        inputs, g_out)
+    ref_in = leaf(q, k, v, dtype=F64)
+    ref = out_and_grads(lambda: reference_out_causal(*ref_in, kpm, qpm, causal), ref_in, g_out)
+    for a, b in zip(got, ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=0)
+
+
+def reference_out_causal(q, k, v, kpm, qpm, causal):
+    from attnlab.attention import reference_attend
+
+    return reference_attend(q, k, v, "unas", kpm, qpm, causal=causal)
+
+
+@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
+def test_cpu_kernel_dropout_matches_reference_with_the_same_mask(scheme):
+    """Through attend: the seed drawn from torch's generator gives kernels/dropout.py's mask, in
+    the forward and (regenerated) in the backward; an explicit keep mask matches too."""
+    q, k, v, u, kpm, qpm = padded_problem(33, 29, 8, B=3, H=2, seed=3)
+    inputs = leaf(q, k, v, u)
+    uu = inputs[3] if scheme == "hnas" else None
+    g_out = torch.randn(3, 2, 33, 8)
+    torch.manual_seed(7)
+    got = out_and_grads(lambda: attend(*inputs[:3], scheme, kpm, qpm, u=uu, dropout_p=0.3),
+                        inputs[:3], g_out)
+    torch.manual_seed(7)
+    keep = dropout.keep_mask(dropout.draw_seed(), (3, 2, 33, 29), 0.3)
+    ref_in = leaf(*inputs, dtype=F64)
+    ref = out_and_grads(lambda: reference_out(*ref_in[:3], scheme, kpm, qpm, ref_in[3],
+                                              keep=keep, p=0.3), ref_in[:3], g_out)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=0)
+    explicit = {"unas": lambda: fused.unas_attend(*inputs[:3], kpm, qpm, 0.3, keep_mask=keep),
+                "dnas": lambda: fused.query_normalized_attend(*inputs[:3], None, kpm, qpm, 0.3,
+                                                              keep_mask=keep),
+                "hnas": lambda: fused.query_normalized_attend(*inputs, kpm, qpm, 0.3,
+                                                              keep_mask=keep)}[scheme]
+    torch.testing.assert_close(explicit().double(), ref[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_counter_dropout_keep_rate_and_mean(p):
+    """With v = identity the output is the dropped weight matrix: about 1 - p of the weights
+    survive, scaled by 1/(1-p), so that the mean weight is unchanged."""
+    S = 128
+    q, k = (torch.randn(2, 4, S, 16) for _ in range(2))
+    v = torch.eye(S).expand(2, 4, S, S)
+    dropped = fused.query_normalized_attend(q, k, v, None, dropout_p=p, seed=5)
+    weights = reference_out(q, k, v, "dnas", None, None).float()
+    kept = dropped != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.01  # 131072 draws: sigma <= 0.0014
+    torch.testing.assert_close(dropped[kept], weights[kept] / (1 - p), atol=1e-6, rtol=1e-4)
+    assert abs(dropped.sum().item() / weights.sum().item() - 1) < 0.02
+
+
+def test_mlm_style_attention_dropout_stays_fused():
+    """MultiHeadAttention in training with attention dropout: the fused kernel, nothing S x S."""
+    B, S, E = 2, 256, 32
+    x = torch.randn(B, S, E)
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    mask[0, -20:] = True
+    for scheme in ("unas", "dnas", "hnas"):
+        mha = MultiHeadAttention(E, 2, spec=scheme, dropout=0.1).train()
+        with RecordShapes() as rec:
+            mha(x, key_padding_mask=mask, query_padding_mask=mask).sum().backward()
+        assert rec.largest < B * 2 * S * S / 8, scheme
+
+
+def test_cpu_kernel_memory_with_dropout_is_linear_in_sequence_length():
+    """The kernel's own buffers are invisible to dispatch modes: measure the process. fwd+bwd
+    with dropout at S=3072 (B=H=1, d=64) must grow the peak RSS by far less than one S x S
+    float32 matrix (36 MiB)."""
+    script = textwrap.dedent("""
+        import resource, torch
+        from attnlab.attention import attend, fused
+        assert fused.load()
+        torch.set_num_threads(1)
+        def run(S):
+            q, k, v = (torch.randn(1, 1, S, 64, requires_grad=True) for _ in range(3))
+            u = torch.full((1, 1, 1, 1), 0.5, requires_grad=True)
+            for scheme in ("unas", "dnas", "hnas"):
+                attend(q, k, v, scheme, u=u, dropout_p=0.1).sum().backward()
+        run(64)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        run(3072)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    grown_mib = float(out.stdout.strip().splitlines()[-1])
+    assert grown_mib < 16, f"peak RSS grew by {grown_mib:.1f} MiB at S=3072"

@@ -1,0 +1,194 @@
+"""The scheme registry: every registered scheme, its options, its fast paths, its parameters,
+and a scheme registered at run time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.paths import ROOT
+from torch import Tensor
+
+from attnlab.attention import (
+    AttentionSpec,
+    MultiHeadAttention,
+    Normalizer,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    attend,
+    attention_weights,
+    register,
+    scheme_parameters,
+)
+from attnlab.attention.reference import safe_log_normalize
+from attnlab.attention.schemes import NORMALIZERS, TRANSFORMS, unregister
+from attnlab.attention.schemes.dnas import DNAS
+from attnlab.errors import ConfigError
+
+E, H = 16, 4
+
+
+def inputs(seed=0, S=6):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, H, S, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(2, S, dtype=torch.bool)
+    mask[1, -2:] = True
+    return q, k, v, mask
+
+
+# ----------------------------------------------------------------------------- registered schemes
+@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+def test_decoder_guard_follows_the_schemes_own_property(name):
+    """over_queries alone decides: refused in decoders and causal stacks, allowed elsewhere."""
+    cls = NORMALIZERS[name]
+    MultiHeadAttention(E, H, spec=name)  # encoders take every scheme
+    if cls.over_queries:
+        with pytest.raises(ConfigError, match="decoder"):
+            MultiHeadAttention(E, H, spec=name, is_decoder=True)
+        with pytest.raises(ConfigError, match="decoder"):
+            TransformerEncoderLayer(E, H, 32, spec=name, causal=True)
+        q, k, v, _ = inputs()
+        with pytest.raises(ConfigError, match="leaks the future"):
+            attend(q, k, v, name, causal=True, u=0.5)
+    else:
+        layer = TransformerEncoderLayer(E, H, 32, 0.0, spec=name, causal=True).eval()
+        x = torch.randn(2, 5, E)
+        out = layer(x)
+        x2 = x.clone()
+        x2[:, 3:] = torch.randn(2, 2, E)  # changing the future leaves the past alone
+        torch.testing.assert_close(layer(x2)[:, :3], out[:, :3], atol=1e-6, rtol=0)
+        TransformerDecoderLayer(E, H, 32, spec=name)
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZERS) + sorted(TRANSFORMS))
+def test_every_scheme_has_a_model_config(name):
+
+    root = ROOT
+    assert (root / "conf" / "model" / f"{name}.yaml").is_file()
+    spec = AttentionSpec.from_config(name)
+    assert spec.scheme == name and AttentionSpec.from_config(spec.to_dict()) == spec
+
+
+def test_options_are_validated_by_their_scheme():
+    with pytest.raises(ConfigError, match=r"model=sinkhorn has no option n_itr; its options are .*n_iter"):
+        AttentionSpec("sinkhorn", n_itr=3)
+    with pytest.raises(ConfigError, match="n_iter=0 must be >= 1"):
+        AttentionSpec("sinkhorn", n_iter=0)
+    with pytest.raises(ConfigError, match=r"hybrid_init=2 is outside \[0, 1\]"):
+        AttentionSpec("hnas", hybrid_init=2)
+    with pytest.raises(ConfigError, match="hybrid_init='a': .* must be float"):
+        AttentionSpec("hnas", hybrid_init="a")
+    with pytest.raises(ConfigError, match="alpha=1 must be > 1"):
+        AttentionSpec("entmax", alpha=1)
+    # an option of another registered scheme is ignored (tasks set model.hybrid_init for HNAS
+    # whatever the model is); the spec keeps only what its scheme takes
+    spec = AttentionSpec("unas", hybrid_init=0.1, n_iter=3)
+    assert spec.to_dict() == {"scheme": "unas", "decoder": True}
+    # ints are floats where a float is wanted
+    assert AttentionSpec("hnas", hybrid_init=1).normalizer_options.hybrid_init == 1.0
+
+
+def test_transform_options_and_normalization_options_do_not_clash():
+    spec = AttentionSpec("coda", normalization="entmax", alpha=8, normalization_options={"alpha": 2})
+    assert spec.transform_options.alpha == 8 and spec.normalizer_options.alpha == 2.0
+    m = MultiHeadAttention(E, H, spec=spec, layer_index=1)
+    assert m.transform.mixer.net[0].out_features == 8 * H
+    assert type(m.normalizer).__name__ == "Entmax"
+
+
+def test_scheme_parameters_are_found_by_type():
+    layers = torch.nn.ModuleList(
+        TransformerEncoderLayer(E, H, 32, spec={"scheme": "coda", "normalization": "hnas"}, layer_index=i)
+        for i in range(2))
+    normalizer_params = dict(scheme_parameters(layers))
+    assert sorted(normalizer_params) == ["0.self_attn.normalizer.hybrid_logit",
+                                         "1.self_attn.normalizer.hybrid_logit"]
+    from attnlab.attention import LogitTransform
+
+    mixers = dict(scheme_parameters(layers, LogitTransform))
+    assert mixers and all(".transform.mixer." in n and n.startswith("1.") for n in mixers)
+    from tasks.common.optim import parameter_groups
+
+    groups = parameter_groups(layers, weight_decay=0.01, lr=1e-3, hybrid_lr=0.05)
+    assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0
+    assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in normalizer_params.values()}
+    assert sum(len(g["params"]) for g in groups) == len(list(layers.parameters()))
+
+
+# ----------------------------------------------------------------------------- run-time schemes
+class Squared(Normalizer):
+    """A throwaway scheme: softmax over keys of twice the logits."""
+
+    name = "test_squared"
+
+    def weights(self, logits: Tensor) -> Tensor:
+        return safe_log_normalize(2 * logits, dim=-1).exp()
+
+
+class NotQuiteDNAS(DNAS):
+    """Inherits DNAS's fast paths, but changes the weights: it must not run DNAS's kernel."""
+
+    name = "test_not_quite_dnas"
+
+    def weights(self, logits: Tensor) -> Tensor:
+        return safe_log_normalize(logits.clamp(max=0.1), dim=-1).exp()
+
+
+@pytest.fixture
+def registered():
+    for cls in (Squared, NotQuiteDNAS):
+        register(cls)
+    yield
+    for cls in (Squared, NotQuiteDNAS):
+        unregister(cls.name)
+
+
+@pytest.mark.parametrize("scheme", [Squared, NotQuiteDNAS])
+def test_a_scheme_registered_at_run_time_runs_itself_never_another_kernel(registered, scheme):
+    q, k, v, mask = inputs(seed=2)
+    with torch.no_grad():
+        out = attend(q, k, v, scheme.name, key_padding_mask=mask, query_padding_mask=mask)
+        logits = torch.einsum("bhid,bhjd->bhij", q, k) / 8**0.5
+        logits = logits.masked_fill(mask[:, None, None, :] | mask[:, None, :, None], float("-inf"))
+        expected = scheme().weights(logits) @ v
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert NotQuiteDNAS.fast_paths == () and DNAS.fast_paths  # not inherited with new weights
+    # and it is a model= choice everywhere: modules, analyses, decoders where it normalizes over keys
+    layer = (TransformerEncoderLayer if scheme.over_queries else TransformerDecoderLayer)(E, H, 32, spec=scheme.name)
+    assert type(layer.self_attn.normalizer) is scheme
+    w = attention_weights(q, k, scheme.name)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 6))
+
+
+def test_an_unregistered_or_transform_name_is_not_silently_run():
+    q, k, v, _ = inputs()
+    with pytest.raises(ConfigError, match="unknown attention scheme 'test_squared'"):
+        attend(q, k, v, "test_squared")
+    with pytest.raises(ConfigError, match="transforms logits across the layers"):
+        attend(q, k, v, "coda")
+    with pytest.raises(ConfigError, match="unknown argument"):
+        attend(q, k, v, "unas", temperature=2.0)
+
+
+# ----------------------------------------------------------------------------- entmax
+def test_sparsemax_equals_the_euclidean_projection_by_hand():
+    # one row of logits (1, 1, 1, 4) * sqrt(d): sparsemax = max(z - tau, 0) with sum 1
+    z = torch.tensor([1.5, 1.0, 0.1, -2.0])
+    # support {0, 1}: tau = (1.5 + 1.0 - 1) / 2 = 0.75 -> [0.75, 0.25, 0, 0]
+    w = AttentionSpec("entmax", alpha=2).build_normalizer().weights(z.view(1, 1, 1, 4))
+    torch.testing.assert_close(w.view(4), torch.tensor([0.75, 0.25, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
+def test_entmax_is_sparse_normalized_and_masks_both_sides(alpha):
+    q, k, v, mask = inputs(seed=4)
+    q = q * 3
+    mask[0] = True  # an example with everything padded
+    w = attention_weights(q, k, "entmax", key_padding_mask=mask, query_padding_mask=mask, alpha=alpha)
+    assert torch.isfinite(w).all() and (w >= 0).all()
+    assert (w[0] == 0).all() and (w[1][..., -2:] == 0).all() and (w[1][..., -2:, :] == 0).all()
+    rows = w[1, :, :-2].sum(-1)
+    torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-5, rtol=0)
+    assert (w[1, :, :-2, :-2] == 0).any()  # sparse: some valid keys get exactly zero weight
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    attend(qg, kg, vg, "entmax", key_padding_mask=mask, query_padding_mask=mask, alpha=alpha).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg))

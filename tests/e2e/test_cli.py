@@ -1,0 +1,127 @@
+"""The real CLI end to end (train.py / eval.py as subprocesses, real Hydra, Lightning and W&B)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers.cards import TINY
+from helpers.cli import QUIET, cli_env, metrics_files, run_cli
+from helpers.paths import ROOT
+
+TASKS = [t for t, overrides in TINY.items() if overrides]
+
+
+def accepted_schemes(task: str) -> tuple[list[str], list[str]]:
+    """Every registered scheme, split into those the task runs and those it refuses: a task whose
+    scheme sits in causal attention (`task.causal`) refuses query-normalized schemes, by the
+    scheme's own property."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.attention import AttentionSpec, names
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        causal = bool(compose("train", overrides=[f"task={task}"]).task.get("causal", False))
+    refused = [n for n in names() if causal and AttentionSpec.from_config(n).normalizes_over_queries]
+    return [n for n in names() if n not in refused], refused
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_fast_dev_run_every_registered_scheme(task, tmp_path, data_dir):
+    """One multirun process runs every registered scheme the task accepts through train, val and
+    test; the ones it refuses fail at once with the clear message (recorded, sweep goes on)."""
+    accepted, refused = accepted_schemes(task)
+    models = accepted + refused
+    run_cli(["-m", f"task={task}", f"model={','.join(models)}", "debug=fast", "callbacks=minimal",
+             *TINY[task], *QUIET], tmp_path, data_dir)
+    records = metrics_files(tmp_path / "outputs" / "multirun")
+    assert sorted(r["model"] for r in records) == sorted(models)
+    for r in records:
+        if r["model"] in refused:
+            assert r["status"] == "failed" and "normalizes over queries" in r["error"]
+            continue
+        assert r["status"] == "ok", r.get("error")
+        assert any(k.startswith("test/") for k in r["metrics"]), r["metrics"]
+        if r["model"] == "hnas":
+            assert r["hnas_u"], "an HNAS model must report its u"
+
+
+def test_multirun_report_and_eval(tmp_path, data_dir):
+    proc = run_cli(["-m", "task=vqa", "model=unas,hnas", *TINY["vqa"], *QUIET], tmp_path, data_dir)
+    sweeps = list((tmp_path / "outputs" / "multirun").iterdir())
+    assert len(sweeps) == 1
+    jobs = metrics_files(sweeps[0])
+    assert len(jobs) == 2 and all(j["status"] == "ok" for j in jobs)
+    # each job has its own dir, config and checkpoints
+    for job in jobs:
+        assert (job["_dir"] / "config.yaml").is_file()
+        assert (job["_dir"] / "checkpoints" / "last.ckpt").is_file()
+    assert "hnas_u.png" in os.listdir(next(j["_dir"] for j in jobs if j["model"] == "hnas"))
+
+    report = subprocess.run([sys.executable, "-m", "attnlab.report", str(sweeps[0])], capture_output=True,
+                            text=True, env=cli_env(tmp_path, data_dir), check=True).stdout
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "model=" in line]
+    assert len(rows) == 2 and any("model=unas" in r for r in rows) and any("model=hnas" in r for r in rows)
+    assert (sweeps[0] / "report.csv").is_file()
+
+    # eval.py on the best checkpoint reproduces the run's test accuracy
+    job = jobs[0]
+    best = next((job["_dir"] / "checkpoints").glob("best-*.ckpt"))
+    run_cli([f"ckpt_path={best}", *QUIET[:1]], tmp_path, data_dir, script="eval.py")
+    evals = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
+    assert len(evals) == 1
+    assert abs(evals[0]["metrics"]["test/acc"] - job["metrics"]["test/acc"]) < 1e-6
+    assert proc.returncode == 0
+
+
+def final_metrics(tmp_path):
+    records = [r for r in metrics_files(tmp_path / "outputs") if r["status"] == "ok"]
+    return max(records, key=lambda r: r["_dir"].stat().st_mtime)
+
+
+def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path, data_dir):
+    args = ["task=vqa", "model=unas", *TINY["vqa"], *QUIET, "trainer.max_epochs=1000"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                            env=cli_env(tmp_path, data_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 240
+    ckpts = []
+    while time.time() < deadline and not ckpts:  # wait until training has gone through one epoch
+        time.sleep(0.5)
+        ckpts = list((tmp_path / "outputs").rglob("last.ckpt"))
+    assert ckpts, "no epoch finished in time"
+    first_step = torch.load(ckpts[0], weights_only=False)["global_step"]
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "interrupted: checkpoint written" in out
+    state = torch.load(ckpts[0], weights_only=False)
+    assert state["global_step"] > first_step  # the checkpoint is from the moment of the signal
+    epoch = state["epoch"]
+    run_cli(["task=vqa", "model=unas", *TINY["vqa"], *QUIET, f"trainer.max_epochs={epoch + 2}",
+             f"ckpt_path={ckpts[0]}"], tmp_path, data_dir)
+
+
+
+
+@pytest.mark.slow
+def test_ddp_cpu_two_processes(tmp_path, data_dir):
+    proc = run_cli(["task=vqa", "model=hnas", "hardware=ddp_cpu", *TINY["vqa"], *QUIET], tmp_path, data_dir)
+    record = final_metrics(tmp_path)
+    assert record["status"] == "ok" and "test/acc" in record["metrics"]
+    assert "world_size: 2" in proc.stdout + proc.stderr or "Initializing distributed: GLOBAL_RANK: 1" in (
+        proc.stdout + proc.stderr)
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep(tmp_path, data_dir):
+    run_cli(["-m", "hydra/launcher=submitit_local", "task=vqa", "model=unas,dnas", *TINY["vqa"], *QUIET],
+            tmp_path, data_dir, timeout=1200)
+    records = metrics_files(tmp_path / "outputs" / "multirun")
+    assert sorted(r["model"] for r in records) == ["dnas", "unas"]
+    assert all(r["status"] == "ok" for r in records)

@@ -1,0 +1,125 @@
+"""Every bad input ends in one clear line and exit code 2 (tests/error_cases.py lists them, and
+README's table "What goes wrong, and what you see" shows what each prints).
+
+The CLI entry runs in this process (tests/conftest.py: run_app): Hydra, attnlab.cli and the
+runner as the shell would run them, without paying the imports of a new process per case. A few
+real subprocess runs prove the same end to end.
+"""
+
+import pytest
+from helpers.cards import TINY
+from helpers.cli import QUIET, run_app, run_cli
+from helpers.error_cases import CASES, README, make_files, readme_row, run_case, shown
+from helpers.paths import ROOT
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+    make_files(tmp)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def env(bad_files, data_dir):
+    return {"ATTNLAB_OUTPUTS": str(bad_files / "outputs"), "ATTNLAB_DATA": str(data_dir),
+            "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.what for c in CASES])
+def test_bad_input_is_one_clear_line(case, bad_files, env):
+    result = run_case(case, bad_files, env, run_app, QUIET, TINY)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.code == 2, (result.code, result.stderr[-3000:])
+    assert len(errors) == 1, result.stderr
+    assert case.names.replace("{tmp}", str(bad_files)) in errors[0]
+    assert "Traceback" not in result.stderr
+    # the README shows exactly this line (regenerate with `python tests/error_cases.py`)
+    assert readme_row(case, shown(errors[0], bad_files)) in README.read_text(), errors[0]
+
+
+def test_enough_cases():
+    assert len(CASES) >= 30
+
+
+def test_full_error_shows_the_traceback(bad_files, env):
+    result = run_app(["task.module.lr=-1", *QUIET], {**env, "HYDRA_FULL_ERROR": "1"})
+    assert result.code != 2 and "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+def test_a_bug_keeps_its_traceback_and_exit_code_1(bad_files, env, monkeypatch):
+    from attnlab import runner
+
+    def broken(cfg):
+        raise KeyError("a bug, not the user's fault")
+
+    monkeypatch.setattr(runner, "validate", broken)
+    result = run_app(QUIET, env)
+    assert result.code == 1 and "Traceback" in result.stderr and "KeyError" in result.stderr
+
+
+def test_trainer_callback_and_logger_arguments_need_no_plus(bad_files, env):
+    """Any Lightning Trainer argument (and callback / logger argument) is a plain override, and
+    --help lists them with Lightning's defaults."""
+    result = run_app(["--cfg", "job", "trainer.max_steps=40", "trainer.limit_val_batches=0.5",
+                      "trainer.val_check_interval=0.25", "trainer.accumulate_grad_batches=2",
+                      "callbacks.model_checkpoint.every_n_epochs=2", "callbacks.progress_bar.refresh_rate=5",
+                      "logger=tensorboard", "logger.tensorboard.log_graph=true"], env)
+    assert result.code == 0, result.stderr
+    for line in ("max_steps: 40", "limit_val_batches: 0.5", "val_check_interval: 0.25",
+                 "accumulate_grad_batches: 2", "every_n_epochs: 2", "refresh_rate: 5", "log_graph: true"):
+        assert line in result.stdout, line
+    help_text = run_app(["--help"], env).stdout
+    for line in ("max_steps: -1", "limit_train_batches: null", "reload_dataloaders_every_n_epochs: 0",
+                 "save_top_k: 1", "every_n_train_steps: 100"):
+        assert line in help_text, line
+
+
+def test_every_instantiated_node_lists_all_its_arguments(bad_files, env):
+    """config_args: each _target_ node of trainer/callbacks/logger holds its class's arguments."""
+    import inspect
+
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from attnlab.config_args import EXCLUDED
+
+    result = run_app(["--cfg", "job", "logger=many"], env)
+    cfg = OmegaConf.create(result.stdout)
+    nodes = [cfg.trainer, *cfg.callbacks.values(), *cfg.logger.values()]
+    for node in nodes:
+        params = inspect.signature(get_class(node._target_).__init__).parameters.values()
+        left_out = EXCLUDED.get(node._target_, set())
+        expected = {p.name for p in params if p.default is not p.empty and p.name not in left_out
+                    and (p.default is None or isinstance(p.default, (bool, int, float, str)))}
+        assert expected <= set(node), (node._target_, expected - set(node))
+
+
+def test_real_process_exit_code_and_one_line(bad_files, data_dir, tmp_path):
+    """The same end to end in a new process, for the corrupt checkpoint of issue 18."""
+    proc = run_cli([f"ckpt_path={bad_files}/corrupt.ckpt", *QUIET], tmp_path, data_dir, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and f"{bad_files}/corrupt.ckpt" in lines[-1]
+    assert "Traceback" not in proc.stderr
+
+
+# every task; every preset with its task (named <task>_...); the other groups' options
+CONFIGS = [[f"task={p.stem}"] for p in sorted((ROOT / "conf" / "task").glob("*.yaml"))] + [
+    [f"task={p.stem.split('_')[0]}", f"experiment={p.stem}"]
+    for p in sorted((ROOT / "conf" / "experiment").glob("*.yaml"))] + [
+    ["hardware=ddp_cpu", "logger=many", "callbacks=minimal", "debug=overfit"]]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=[" ".join(c) for c in CONFIGS])
+def test_every_shipped_config_passes_validation(overrides, tmp_path):
+    """No false alarms: the configs the project ships are valid (every task, preset, group)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab import config_args
+    from attnlab.config_schema import validate
+
+    config_args.register(ROOT / "conf")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={tmp_path}"])
+    validate(cfg)

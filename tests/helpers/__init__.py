@@ -1,0 +1,1 @@
+"""What the tests share: paths, the CLI runners, task cards, fixtures' builders. Not tests."""

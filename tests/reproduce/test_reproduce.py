@@ -1,0 +1,117 @@
+"""`python -m attnlab.reproduce`: runs grouped into train.py sweeps, the explained-away reader,
+and the command end to end on one claim with real (tiny) training runs."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.paths import ROOT
+
+from attnlab.reproduce import CLAIMS
+from attnlab.reproduce.plan import Plan, Run, group_sweeps
+from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, NOT_RUN, Results, explained_away
+
+
+def test_runs_of_several_claims_share_sweeps_and_untrained_tasks_are_left_out(tmp_path):
+    plan = Plan("quick", ROOT)
+    runs = [r for c in CLAIMS.values() for r in c.runs(plan)]
+    sweeps, skipped = group_sweeps(runs, plan)
+    trained = [r for s in sweeps for r in s.runs]
+    assert len(trained) == len(set(trained)) == len({r for r in runs if plan.skip_reason(r.task) is None})
+    # explaining_away's vqa runs are multiview_vqa's default-benchmark runs: trained once
+    assert Run("vqa", "unas", 1) in trained and trained.count(Run("vqa", "unas", 1)) == 1
+    # --quick: the doubly-normalized attention paper's tasks; the others on request (--tasks)
+    assert {r.task for r in skipped} == {"mt", "classify", "lm"}
+    assert "add it with --tasks" in plan.skip_reason("mt")
+    sweeps_mt, _ = group_sweeps(runs, Plan("quick", ROOT, tasks=("mt",)))
+    assert {s.task for s in sweeps_mt} == {"mt"} and {r.model for s in sweeps_mt for r in s.runs} == {
+        "unas", "dnas", "coda", "repulsive"}
+    vqa = next(s for s in sweeps if s.task == "vqa" and not s.extra)
+    overrides = vqa.overrides(plan)
+    assert overrides[:3] == ["task=vqa", "model=unas,dnas,hnas", "seed=1"]
+    assert "logger=csv" in overrides and "trainer.max_epochs=2" in overrides
+    # --tasks restricts, --override reaches every run, --full uses the CPU defaults and 3 seeds
+    plan = Plan("full", ROOT, tasks=("mlm",), overrides=("trainer.max_epochs=1",))
+    sweeps, skipped = group_sweeps(runs, plan)
+    assert {s.task for s in sweeps} == {"mlm"} and plan.seeds == (1, 2, 3)
+    assert all(s.overrides(plan)[-1] == "trainer.max_epochs=1" for s in sweeps)
+    assert plan.skip_reason("vqa") == "not selected with --tasks"
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    keys = sorted({k for r in rows for k in r})
+    path.parent.mkdir(parents=True)
+    path.write_text(",".join(keys) + "\n" + "\n".join(",".join(str(r.get(k, "")) for k in keys) for r in rows) + "\n")
+
+
+def test_explained_away_reads_metrics_json_or_else_the_last_csv_values(tmp_path):
+    in_json = {"metrics": {"explained_away/layer1/share_below_1e-08": 0.25, "explained_away/layer1/min_col_sum": 0.1,
+                           "explained_away/layer0/bound_1_over_S": 0.02, "val/acc": 0.5}}
+    assert explained_away(in_json) == {0: {"bound_1_over_S": 0.02}, 1: {"share_below": 0.25, "min_col_sum": 0.1}}
+    write_csv(tmp_path / "csv" / "metrics.csv", [
+        {"epoch": 0, "explained_away/layer0/share_below_1e-08": 0.5, "explained_away/layer0/min_col_sum_times_S": 0.3},
+        {"epoch": 0, "val/acc": 0.1},
+        {"epoch": 1, "explained_away/layer0/share_below_1e-08": 0.0, "explained_away/layer0/log_col_sum/q50": -2.0},
+    ])
+    record = {"metrics": {"val/acc": 0.5}, "run_dir": str(tmp_path)}
+    assert explained_away(record) == {0: {"share_below": 0.0, "min_col_sum_times_S": 0.3, "log_col_sum/q50": -2.0}}
+    assert explained_away({"metrics": {}, "run_dir": str(tmp_path / "nowhere")}) == {}
+
+
+def test_claims_without_runs_say_not_run(tmp_path):
+    plan = Plan("quick", ROOT, tasks=("nothing",))
+    for name in ("explaining_away", "multiview_vqa", "hnas_u", "head_diversity"):
+        result = CLAIMS[name].evaluate(plan, Results(), tmp_path)
+        assert result.verdict == NOT_RUN, name
+
+
+def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path):
+    """Explaining away on VQA: a real UNAS and DNAS train.py sweep (tiny data), report and PNGs."""
+    out = tmp_path / "report"
+    tiny = ["task.synthetic.n_train_images=40", "task.synthetic.n_val_images=16", "task.synthetic.n_test_images=16",
+            "task.synthetic.questions_per_image=4", "trainer.max_epochs=1", f"paths.data_dir={tmp_path / 'data'}"]
+    cmd = [sys.executable, "-m", "attnlab.reproduce", "--claims", "explaining_away,mode_collapse", "--tasks", "vqa",
+           "--jobs", "1", "--out", str(out)] + [a for o in tiny for a in ("--override", o)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (out / "REPORT.md").read_text()
+    assert "## Explaining away" in report and "## Mode collapse" in report
+    for name in ("mode_collapse_steps.png", "mode_collapse_1d.png", "explained_away_vqa_unas.png",
+                 "explained_away_vqa_dnas.png"):
+        assert (out / name).stat().st_size > 1000, name
+        assert f"]({name})" in report
+    records = [json.loads(p.read_text()) for p in (out / "runs").rglob("metrics.json")]
+    assert sorted(r["model"] for r in records) == ["dnas", "unas"]
+    assert all(r["status"] == "ok" and r["seed"] == 1 for r in records)
+    # the table row of the explaining-away claim: a measured verdict, the not-run tasks listed
+    row = next(line for line in report.splitlines() if line.startswith("| Explaining away"))
+    assert HOLDS in row or NOT_AT_SCALE in row
+    assert "| vqa | 0 |" in report and "| vqa | 1 |" in report
+    assert "mlm: not run (not selected with --tasks)" in report
+    # started again with the same --out, the finished sweep is reused, not trained again
+    again = subprocess.run([*cmd[:4], "explaining_away", *cmd[5:]], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600, check=False)
+    assert again.returncode == 0 and "reusing its 2 finished run(s)" in again.stdout, again.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_reproduce_quick_writes_every_claim(tmp_path):
+    """The whole --quick reproduction (about 15 minutes on 2 quiet cores): every claim gets a row
+    with a verdict, and every figure it names is beside the report."""
+    out = tmp_path / "report"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-m", "attnlab.reproduce", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3 * 3600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (out / "REPORT.md").read_text()
+    for claim in CLAIMS.values():
+        row = next(line for line in report.splitlines() if line.startswith(f"| {claim.TITLE} ("))
+        assert any(v in row for v in (HOLDS, NOT_AT_SCALE, NOT_RUN)), row
+    for name in re.findall(r"!\[[^]]*\]\(([^)]+)\)", report):
+        assert (out / name).is_file(), name
