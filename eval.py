@@ -4,17 +4,15 @@ or one logged with logger.wandb.log_model=best: python eval.py ckpt_path=wandb:<
 """
 
 import os
-import sys
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.abspath(__file__))  # first on sys.path: `tasks` is importable
 os.environ.setdefault("ATTNLAB_ROOT", ROOT)
-sys.path.insert(0, ROOT)
 
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from attnlab import cli
+from attnlab import cli, console
 from attnlab.runner import evaluate, run_job
 from attnlab.wandb_runs import WANDB_PREFIX, checkpoint_from_artifact
 
@@ -28,6 +26,7 @@ def evaluate_any(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
+    console.quiet()  # the known-harmless third-party messages (attnlab.console)
     run_job(evaluate_any, cfg)
 
 

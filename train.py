@@ -9,21 +9,22 @@ checkpoints/last.ckpt written), 1 a bug (with its traceback).
 """
 
 import os
-import sys
 
+# `tasks` is importable without any path edit: Python puts this script's folder first on sys.path
+# (and `pip install -e .` installs it too)
 ROOT = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("ATTNLAB_ROOT", ROOT)
-sys.path.insert(0, ROOT)  # `tasks` importable without installing
 
 import hydra
 from omegaconf import DictConfig
 
-from attnlab import cli
+from attnlab import cli, console
 from attnlab.runner import run_job, train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    console.quiet()  # here, not at import: sweep jobs may run in other processes
     return run_job(train, cfg)
 
 

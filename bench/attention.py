@@ -65,8 +65,8 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from attnlab.attention import attend, fused, reference_attend
+    from attnlab.attention import attend, reference_attend
+    from attnlab.attention.kernels import fused
 
     if ("efficient" in method or "fused" in method) and not fused.load():
         raise SystemExit("the fused kernel did not build (see the warning above)")
@@ -189,7 +189,6 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     if args.device == "cuda":
         import attention_cuda
 
@@ -197,7 +196,7 @@ def main() -> None:
         args.repeats = max(args.repeats, 5)
         write_table(attention_cuda.run(args), args, "attention-cuda")
         return
-    from attnlab.attention import fused
+    from attnlab.attention.kernels import fused
 
     fused.load()  # build the kernel once here, not inside a timed worker
     lengths = args.seq or (QUICK_LENGTHS if args.quick else FULL_LENGTHS)

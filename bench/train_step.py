@@ -24,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # attnlab and tasks: installed (pip install -e .)
 
 VOCAB = 30522
 

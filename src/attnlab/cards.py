@@ -51,7 +51,7 @@ def read_card(path: Path) -> Card:
     task = raw.get("task") if "task" in raw else raw  # `@package _global_` or `@package task`
     if task is None or "name" not in task:
         raise ConfigError(f"{path} has no task.name: a task config starts with task: {{name: ...}}")
-    card = OmegaConf.to_container(task.get("card") or {}, resolve=False)
+    card = OmegaConf.to_container(task.get("card") or OmegaConf.create(), resolve=False)  # none: defaults
     reproduce = card.pop("reproduce", None) or {}
     unknown = set(card) - {"classification", "multi_head", "encoder_layers", "tiny"}
     unknown |= set(reproduce) - {"claims", "in_quick", "quick", "preset"}

@@ -8,19 +8,26 @@ not a rename, when /tmp is another filesystem.)
 
 `read` / `check_run` / `check_fits` turn a missing file, a directory, a truncated or corrupt file,
 or a checkpoint of another task or model into one ConfigError/DataError naming the file.
+
+Checkpoints and run configs written before the task modules took their network injected (commit
+a62c79e and earlier) still load: `upgrade_state_dict` moves the weights from `model.*` to `net.*`,
+and `upgrade_module_config` rebuilds a run's flat `task.module` node in today's nested layout.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError, DataError, require_file
+from attnlab.files import atomic_write
+
+# the attribute that held a task module's network before it was injected as `net`
+OLD_NETWORK_PREFIX = "model."
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -28,13 +35,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path):  # remote storage: fsspec's own transaction
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "wb") as f:
+        with atomic_write(path, partial=f".{path.name}.partial") as f:
             torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
 
 
 def read(path, key: str = "ckpt_path") -> dict:
@@ -100,7 +102,7 @@ def check_run(path, ckpt: dict, task: str, model: str) -> None:
 
 def check_fits(path, ckpt: dict, module: torch.nn.Module) -> None:
     """The checkpoint's weights must be this module's: same names, same shapes."""
-    theirs, ours = ckpt["state_dict"], module.state_dict()
+    theirs, ours = upgrade_state_dict(ckpt["state_dict"]), module.state_dict()
     missing = [k for k in ours if k not in theirs]
     unexpected = [k for k in theirs if k not in ours]
     reshaped = [k for k in ours if k in theirs and tuple(theirs[k].shape) != tuple(ours[k].shape)]
@@ -120,3 +122,46 @@ def check_fits(path, ckpt: dict, module: torch.nn.Module) -> None:
         f"ckpt_path={path} does not fit this model: {'; '.join(parts)}; resume with the task and "
         f"model options it was trained with{f' ({was})' if was else ''}, or start without ckpt_path"
     )
+
+
+# ----------------------------------------------------------------------------- older layouts
+def upgrade_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A task module's weights under today's names: `model.*` (the network as the module built it
+    itself) becomes `net.*` (the injected network). Today's checkpoints are returned as they are."""
+    if not any(k.startswith(OLD_NETWORK_PREFIX) for k in state_dict):
+        return state_dict
+    return {("net." + k[len(OLD_NETWORK_PREFIX):] if k.startswith(OLD_NETWORK_PREFIX) else k): v
+            for k, v in state_dict.items()}
+
+
+def upgrade_module_config(saved: DictConfig, conf_dir: Path) -> DictConfig:
+    """A run config whose `task.module` is flat (before the injected network and optimizer)
+    rebuilt in today's layout: the task's current module node (conf/task/<name>.yaml) with every
+    option set from the old option of the same name (`lr` -> `optimizer.lr`, `d_model` ->
+    `net.d_model`, ...), resolved against the old run's config. Today's configs pass unchanged."""
+    module = OmegaConf.select(saved, "task.module")
+    if module is None or "net" in module:
+        return saved
+    path = Path(conf_dir) / "task" / f"{saved.task.name}.yaml"
+    current = OmegaConf.select(OmegaConf.load(require_file(path, "task")), "task.module")
+    if current is None or "net" not in current:
+        return saved
+    set_by_name(current, OmegaConf.to_container(module, resolve=True))
+    upgraded = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
+    upgraded.task.module = current
+    upgraded.task.module = OmegaConf.create(OmegaConf.to_container(upgraded.task.module, resolve=True))
+    return upgraded
+
+
+def set_by_name(node: DictConfig, options: dict) -> set[str]:
+    """Set every option of a module node (its own, and its injected parts': net, optimizer,
+    scheduler) from the flat `options` of the same name; returns the names it used."""
+    used = set()
+    for key in list(node.keys()):
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and "_target_" in child:
+            used |= set_by_name(child, options)  # net, optimizer, scheduler: their options by name
+        elif key in options and not key.startswith("_"):
+            node[key] = options[key]
+            used.add(key)
+    return used

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from hydra.utils import get_class
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError, did_you_mean
@@ -112,6 +112,7 @@ def validate(cfg: DictConfig) -> None:
         for name in ("datamodule", "module"):
             check_node(cfg, f"task.{name}", task_rule)
         _check_head_splits(cfg, "task.module")
+        _check_head_splits(cfg, "task.module.net")  # the injected network's width and heads
 
 
 def task_rule(name: str) -> Rule | None:
@@ -150,7 +151,7 @@ def check_node(cfg: DictConfig, key: str, rule_for: Callable[[str], Rule | None]
         return
     target = str(node._target_)
     try:
-        cls = get_class(target)
+        cls = get_object(target)  # a class, or a function (e.g. a scheduler factory)
     except Exception as err:  # noqa: BLE001 - ImportError, AttributeError, ...
         raise ConfigError(f"{key}._target_={target}: cannot import it ({str(err).splitlines()[0]})") from None
     params, takes_kwargs = _parameters(cls)
@@ -159,6 +160,8 @@ def check_node(cfg: DictConfig, key: str, rule_for: Callable[[str], Rule | None]
     for name, value in values.items():
         if name.startswith("_"):
             continue  # _target_, _partial_, _recursive_, ...
+        if _instantiated(value):  # an injected part (task.module.net, .optimizer): its own class's
+            check_node(cfg, f"{key}.{name}", rule_for)
         where = _user_key(cfg, f"{key}.{name}", raw.get(name))
         if name not in params:
             if takes_kwargs:
@@ -253,17 +256,21 @@ def _same(value: Any, default: Any) -> bool:
 
 @cache
 def _parameters(cls: type) -> tuple[dict, bool]:
-    signature = inspect.signature(cls.__init__)
+    signature = inspect.signature(_constructor(cls))
     params = {n: p for n, p in signature.parameters.items()
               if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     return params, takes_kwargs
 
 
+def _constructor(target: Any) -> Any:
+    return target.__init__ if isinstance(target, type) else target
+
+
 @cache
 def _hints(cls: type) -> dict[str, Any]:
     """Resolved annotations of cls.__init__, one by one (some refer to names only type checkers see)."""
-    function = cls.__init__
+    function = _constructor(cls)
     namespace = dict(getattr(function, "__globals__", {}))
     hints = {}
     for name, annotation in getattr(function, "__annotations__", {}).items():

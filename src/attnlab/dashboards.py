@@ -11,8 +11,8 @@ Saving needs a W&B server (`wandb login`); `--spec-only FILE` writes the JSON wi
 Needs the optional extra: pip install 'attnlab[dashboards]' (wandb-workspaces).
 
 The sections are data, not per-task code: `sections()` derives the metric panels from the tasks'
-`optimized_metric` (conf/task/*.yaml), and the analysis panels name the keys and key patterns
-the callbacks log. tests/test_wandb.py checks that a tiny offline run of every task logs them all.
+`optimized_metric` (their cards, conf/task/*.yaml, read by attnlab.cards), and the analysis panels
+name the keys and key patterns the callbacks log. tests/test_wandb.py checks that a tiny offline run of every task logs them all.
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from attnlab.cards import CONF_DIR, task_cards
 from attnlab.errors import ConfigError
 
 GROUP_BY = "model.name"  # config key the runs are grouped by (seeds of one model aggregate)
 STEP = "trainer/global_step"  # Lightning's step metric, continuous across resumed fragments
-CONF_DIR = Path(os.environ.get("ATTNLAB_ROOT", Path(__file__).resolve().parents[2])) / "conf"
 
 
 @dataclass(frozen=True)
@@ -52,15 +51,9 @@ class Section:
 
 # ----------------------------------------------------------------------------- what is shown
 def task_metrics(conf_dir: Path = CONF_DIR) -> dict[str, str]:
-    """{task name: optimized_metric} of every task config (conf/task/*.yaml)."""
-    from omegaconf import OmegaConf
-
-    out = {}
-    for path in sorted((conf_dir / "task").glob("*.yaml")):
-        task = OmegaConf.load(path).get("task") or {}
-        if task.get("optimized_metric"):
-            out[str(task.get("name", path.stem))] = str(task["optimized_metric"])
-    return out
+    """{task name: optimized_metric} of every task's card (conf/task/*.yaml)."""
+    return {name: card.optimized_metric for name, card in task_cards(conf_dir).items()
+            if card.optimized_metric not in ("", "None")}
 
 
 def sections(tasks: dict[str, str]) -> list[Section]:

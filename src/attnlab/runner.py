@@ -28,6 +28,8 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab import checkpoints, logger_guard, wandb_runs
 from attnlab.attention import AttentionSpec, hybrid_u_per_layer, names
+from attnlab.callbacks import AfterTestAnalysis
+from attnlab.cards import CONF_DIR
 from attnlab.config_schema import validate
 from attnlab.errors import (
     ConfigError,
@@ -37,7 +39,9 @@ from attnlab.errors import (
     trainer_key,
     user_error_message,
 )
+from attnlab.files import atomic_write_text
 from attnlab.report import METRICS_FILE
+from attnlab.task_module import build_module
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -49,14 +53,10 @@ def is_multirun() -> bool:
 
 
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
-    callbacks = []
-    # `model.callbacks`: training rules that belong to the scheme (e.g. model=repulsive's SVGD
-    # step), so they apply whatever the `callbacks=` group (minimal, none) says
-    model_rules = (cfg.get("model") or {}).get("callbacks") or {}
-    for conf in [*(cfg.get("callbacks") or {}).values(), *model_rules.values()]:
-        if conf is not None and "_target_" in conf:
-            callbacks.append(hydra.utils.instantiate(conf))
-    return callbacks
+    """Every `callbacks.<name>` node: the `callbacks=` group's, and the training rules a model
+    config places there (conf/rules/, e.g. model=repulsive's callbacks.repulsive)."""
+    return [hydra.utils.instantiate(conf) for conf in (cfg.get("callbacks") or {}).values()
+            if conf is not None and "_target_" in conf]
 
 
 def build_loggers(cfg: DictConfig) -> list:
@@ -65,7 +65,7 @@ def build_loggers(cfg: DictConfig) -> list:
         if conf is None or "_target_" not in conf:
             continue
         kwargs: dict[str, Any] = {}
-        if "WandbLogger" in conf._target_:
+        if wandb_runs.is_wandb(conf):
             # offline unless the user opted in; one run per job (its id kept in the run dir, so a
             # resumed job continues it), named model-task-seed, grouped by sweep
             group = Path(HydraConfig.get().sweep.dir).name if is_multirun() else f"{cfg.task.name}"
@@ -129,13 +129,13 @@ def hnas_u_per_layer(module: torch.nn.Module) -> dict[str, list[float]]:
 
 
 def wandb_run_info(loggers) -> dict:
-    for logger in loggers:
-        if type(logger).__name__ == "WandbLogger":
-            run = logger.experiment
-            run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
-            return {"wandb_run": f"{run.project}/{run.id}", "wandb_dir": str(run_dir),
-                    "wandb_offline": bool(getattr(run.settings, "_offline", True))}
-    return {}
+    logger = wandb_runs.wandb_logger(loggers)
+    if logger is None:
+        return {}
+    run = logger.experiment
+    run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
+    return {"wandb_run": f"{run.project}/{run.id}", "wandb_dir": str(run_dir),
+            "wandb_offline": bool(getattr(run.settings, "_offline", True))}
 
 
 def finish_wandb() -> None:
@@ -160,9 +160,7 @@ def to_float_dict(metrics: dict) -> dict[str, float]:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))  # the report may be reading it
 
 
 def print_summary(title: str, record: dict) -> None:
@@ -224,7 +222,7 @@ def train(cfg: DictConfig) -> dict:
     datamodule = hydra.utils.instantiate(cfg.task.datamodule)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    module = hydra.utils.instantiate(cfg.task.module, **datamodule.model_kwargs())
+    module = build_module(cfg.task.module, datamodule.model_kwargs())  # sizes into their nodes
     if checkpoint is not None:
         checkpoints.check_fits(ckpt_path, checkpoint, module)  # a checkpoint of another model
         del checkpoint
@@ -252,7 +250,7 @@ def train(cfg: DictConfig) -> dict:
     wandb_runs.log_best_checkpoint(cfg, trainer, logger_guard.alive(loggers))  # logger.wandb.log_model=best
     # analyses that run their own evaluations on the final (tested) weights, e.g. HeadImportance
     for callback in callbacks:
-        if hasattr(callback, "after_test"):
+        if isinstance(callback, AfterTestAnalysis):
             metrics.update(callback.after_test(trainer, module, datamodule, cfg.optimized_metric,
                                                cfg.task.monitor_mode))
 
@@ -332,27 +330,34 @@ def evaluate(cfg: DictConfig) -> dict:
     ckpt = Path(str(cfg.ckpt_path))
     checkpoint = checkpoints.read(ckpt)  # exists, is a file, not truncated
     saved = checkpoints.run_config(ckpt)
-    task_cfg = saved.task if saved is not None else cfg.task
-    if HydraConfig.initialized():  # dotted command-line overrides of task.* still apply
+    if saved is None:  # this invocation's task config (task=<its task>), overrides applied
+        task_cfg = OmegaConf.create(OmegaConf.to_container(cfg.task, resolve=True))
+    else:  # a run from before the injected network has its flat task.module upgraded
+        task_cfg = checkpoints.upgrade_module_config(saved, CONF_DIR).task
+    if saved is not None and HydraConfig.initialized():  # dotted overrides of task.* still apply
         dotted = [o for o in HydraConfig.get().overrides.task if o.startswith("task.")]
         if dotted:
             task_cfg = OmegaConf.merge(
                 task_cfg, OmegaConf.from_dotlist([o[len("task."):] for o in dotted])
             )
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module_cls = hydra.utils.get_class(task_cfg.module._target_)
+    # the module as the run built it (its config, the data's sizes), then the checkpoint's weights
+    datamodule = hydra.utils.instantiate(task_cfg.datamodule)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
     try:
-        module = module_cls.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
-    except Exception as err:  # another task's checkpoint: unexpected hyper-parameters or weights
+        module = build_module(task_cfg.module, datamodule.model_kwargs())
+        module.on_load_checkpoint(checkpoint)
+        module.load_state_dict(checkpoint["state_dict"])
+    except Exception as err:  # another task's checkpoint: other weights, or other options
         if user_error_message(err) is not None:
             raise
         raise ConfigError(
-            f"ckpt_path={ckpt} cannot be loaded as {module_cls.__name__} (task={task_cfg.name}): "
-            f"{type(err).__name__}: {str(err).splitlines()[0]}; give task=<its task> or keep the "
-            f"checkpoint inside its run dir (next to config.yaml)"
+            f"ckpt_path={ckpt} cannot be loaded as {task_cfg.module._target_.rsplit('.', 1)[-1]} "
+            f"(task={task_cfg.name}): {type(err).__name__}: {str(err).splitlines()[0]}; give "
+            f"task=<its task> or keep the checkpoint inside its run dir (next to config.yaml)"
         ) from err
     del checkpoint
-    datamodule = hydra.utils.instantiate(task_cfg.datamodule)
     trainer = build_trainer(cfg, logger=False, callbacks=[])
     if cfg.split == "val":
         results = trainer.validate(module, datamodule=datamodule)

@@ -5,12 +5,17 @@
         _target_: tasks.vqa.module.VQAModule
         net:          {_target_: tasks.vqa.model.VQAModel, attention: ${model}, hidden_dim: 128, ...}
         optimizer:    {_target_: torch.optim.AdamW, _partial_: true, lr: 1.0e-3, weight_decay: 0.01}
-        scheduler:    {_target_: tasks.common.optim.linear_warmup, _partial_: true, warmup: 0.05}  # or null
+        scheduler:    {_target_: tasks.common.optim.linear_schedule, _partial_: true, warmup: 0.05}  # or null
         hybrid_lr:    null     # the learning rate of the schemes' own parameters (HNAS's u); null: lr
 
-The runner instantiates it with the sizes only the data know merged into the nodes they belong
-to (`datamodule.model_kwargs()` returns e.g. `{"net": {"vocab_size": 30522}}`), so each default
-is written once, in the YAML, in lightning-hydra-template's manner.
+The runner instantiates it with `build_module(cfg.task.module, datamodule.model_kwargs())`: the
+sizes only the data know go into the nodes that take them (a nested `{"net": {...}}` as given; a
+flat key to the module and/or the net, whichever constructor names it), so each default is
+written once, in the YAML, in lightning-hydra-template's manner.
+
+A scheduler partial that names `total_steps` gets `trainer.estimated_stepping_batches`; it steps
+every optimizer step unless the task says otherwise (`lr_scheduler_config`). Checkpoints written
+before the injected network (its weights under `model.*`) load into `net.*` (on_load_checkpoint).
 
 Training rules that add to the loss (MA+R's disagreement) register a term with
 `register_loss_term(name, term)`: `training_step` sums the task's own loss and every term, so no
@@ -20,14 +25,20 @@ rule ever replaces a module's method. A term is a callable `term(module) -> Tens
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+import hydra
 import pytorch_lightning as pl
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from attnlab.attention import scheme_parameters
+from attnlab.checkpoints import upgrade_state_dict
+from attnlab.errors import ConfigError, DataError
 
 LossTerm = Callable[["TaskModule"], "Tensor | None"]
 
@@ -68,26 +79,96 @@ class TaskModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ optimization
     def parameter_groups(self) -> list[dict]:
-        """Decayed matrices, undecayed vectors (biases, norms), and the schemes' own parameters
-        (HNAS's u logits, found by type) with `hybrid_lr` and no decay: decay would pull u to 0.5."""
         opt = self.hparams.optimizer
         keywords = opt.keywords if isinstance(opt, partial) else getattr(opt, "keywords", {}) or {}
-        decay = float(keywords.get("weight_decay", 0.0))
-        hybrid = [p for _, p in scheme_parameters(self) if p.requires_grad]
-        ids = {id(p) for p in hybrid}
-        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in ids]
-        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-        if hybrid:
-            group = {"params": hybrid, "weight_decay": 0.0}
-            if self.hparams.hybrid_lr is not None:
-                group["lr"] = float(self.hparams.hybrid_lr)
-            groups.append(group)
-        return [g for g in groups if g["params"]]
+        return parameter_groups(self, float(keywords.get("weight_decay", 0.0)),
+                                hybrid_lr=self.hparams.hybrid_lr)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.hparams.optimizer(params=self.parameter_groups())
         if self.hparams.scheduler is None:
             return optimizer
-        scheduler = self.hparams.scheduler(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        make = self.hparams.scheduler
+        extra = {}
+        if "total_steps" in inspect.signature(make).parameters:
+            extra["total_steps"] = max(1, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_config(make(optimizer, **extra))}
+
+    def lr_scheduler_config(self, scheduler: Any) -> dict:
+        """Lightning's scheduler config; a task whose scheduler steps otherwise overrides it."""
+        return {"scheduler": scheduler, "interval": "step"}
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"] = upgrade_state_dict(checkpoint["state_dict"])
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+                     hybrid_lr: float | None = None) -> list[dict]:
+    """Optimizer groups: decayed matrices, undecayed vectors (biases, norms), and the schemes' own
+    parameters (HNAS's u logits, found by type: `attnlab.attention.scheme_parameters`) without
+    decay, at `hybrid_lr` (None: `lr`, or the optimizer's when that is None too).
+
+    No decay on the u logits: it would pull u towards 0.5 and bias where HNAS puts its weight.
+    A larger hybrid_lr gives the few mixing logits room to move in a short run: Adam moves a
+    parameter by at most about lr per step whatever its gradient's scale, so at lr 1e-3 with
+    warmup and decay a logit moves < 0.3 in a 500-step CPU run, while the paper's 125k steps allow
+    ~100.
+    """
+    hybrid = [p for _, p in scheme_parameters(model) if p.requires_grad]
+    ids = {id(p) for p in hybrid}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    if hybrid:
+        group = {"params": hybrid, "weight_decay": 0.0}
+        rate = lr if hybrid_lr is None else hybrid_lr
+        if rate is not None:
+            group["lr"] = float(rate)
+        groups.append(group)
+    return [g for g in groups if g["params"]]
+
+
+def build_module(cfg: DictConfig, data_kwargs: Mapping[str, Any]) -> TaskModule:
+    """Instantiate a `task.module` node with the sizes only the data know (`model_kwargs()`).
+
+    A nested dict (`{"net": {...}}`) goes into that node; a flat key goes to the module and to
+    the net, whichever constructors name it (both when both do); one that neither takes is
+    information this task does not use (lm's word_level). A part's own ConfigError or DataError
+    comes out as it raised it, not wrapped by Hydra.
+    """
+    module_takes = _arguments(cfg._target_)
+    net = cfg.get("net")
+    net_takes = _arguments(net._target_) if isinstance(net, Mapping) and "_target_" in net else set()
+    top: dict[str, Any] = {}
+    nested: dict[str, dict] = {}
+    for key, value in data_kwargs.items():
+        if isinstance(value, Mapping) and isinstance(cfg.get(key), Mapping):
+            nested.setdefault(key, {}).update(value)
+            continue
+        if key in module_takes:
+            top[key] = value
+        if key in net_takes:
+            nested.setdefault("net", {})[key] = value
+    try:
+        return hydra.utils.instantiate(cfg, **top, **nested)
+    except InstantiationException as err:  # a part's own ConfigError/DataError, as it raised it
+        cause = err.__cause__
+        while isinstance(cause, InstantiationException):
+            cause = cause.__cause__
+        if isinstance(cause, (ConfigError, DataError)):
+            raise cause from None
+        raise
+
+
+def _arguments(target: str) -> set[str]:
+    """The names a target takes; a class whose __init__ hands **kwargs on (a thin task subclass,
+    e.g. HeadlineModule) takes its bases' too."""
+    found = hydra.utils.get_class(str(target))
+    names: set[str] = set()
+    for cls in found.__mro__ if isinstance(found, type) else (found,):
+        params = inspect.signature(cls.__init__ if isinstance(found, type) else cls).parameters
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return names - {"self"}

@@ -18,17 +18,32 @@ import json
 import os
 import secrets
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig
+from pytorch_lightning.loggers import WandbLogger
 
+from attnlab import console
 from attnlab.errors import ConfigError
+from attnlab.files import atomic_write
 
 RUN_FILE = "wandb_run.json"
 WANDB_PREFIX = "wandb:"
 LOG_MODEL_CHOICES = (False, True, "all", "best")
+
+
+def is_wandb(conf: DictConfig | None) -> bool:
+    """A `logger.<name>` node that builds a W&B logger (its `_target_` class, or a subclass)."""
+    if conf is None or not conf.get("_target_"):
+        return False
+    return issubclass(get_class(conf._target_), WandbLogger)
+
+
+def wandb_logger(loggers: list) -> WandbLogger | None:
+    """The run's W&B logger, found by type (logger_guard keeps each logger's class as a base)."""
+    return next((logger for logger in loggers if isinstance(logger, WandbLogger)), None)
 
 
 def job_run(run_dir: Path, name: str, group: str) -> dict[str, str]:
@@ -39,23 +54,16 @@ def job_run(run_dir: Path, name: str, group: str) -> dict[str, str]:
     every process of a DDP job that races here ends up with the same id."""
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
         # W&B's id format: 8 characters of [a-z0-9]
         run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".wandb_run")
-        with os.fdopen(fd, "w") as f:
+        with atomic_write(path, "w", keep_existing=True) as f:  # another process's first: theirs
             json.dump({"id": run_id, "name": name, "group": group}, f)
-        try:
-            os.link(tmp, path)  # fails if another process created it first: then we use theirs
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
     return json.loads(path.read_text())
 
 
 def logger_kwargs(cfg: DictConfig, conf: DictConfig, group: str) -> dict[str, Any]:
     """What the runner adds to `logger.wandb` for this job (the YAML's nulls are filled here)."""
+    console.quiet_wandb()  # wandb's known-harmless messages, before wandb.init prints them
     kwargs: dict[str, Any] = {}
     offline = conf.get("offline", True)
     if os.environ.get("WANDB_MODE", "").lower() == "online":
@@ -82,14 +90,15 @@ def logger_kwargs(cfg: DictConfig, conf: DictConfig, group: str) -> dict[str, An
 
 def log_best_checkpoint(cfg: DictConfig, trainer, loggers: list) -> None:
     """`logger.wandb.log_model=best`: the best checkpoint and the run's config as one artifact."""
-    wants = any(c is not None and "WandbLogger" in c.get("_target_", "") and c.get("log_model") == "best"
+    wants = any(is_wandb(c) and c.get("log_model") == "best"
                 for c in (cfg.get("logger") or {}).values())
     ckpt_cb = trainer.checkpoint_callback
     if not wants or not trainer.is_global_zero or ckpt_cb is None or not ckpt_cb.best_model_path:
         return
-    run = next((lg.experiment for lg in loggers if type(lg).__name__ == "WandbLogger"), None)
-    if run is None:
+    logger = wandb_logger(loggers)
+    if logger is None:
         return
+    run = logger.experiment
     score = None if ckpt_cb.best_model_score is None else float(ckpt_cb.best_model_score)
     import wandb
 

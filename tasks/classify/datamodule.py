@@ -16,21 +16,19 @@ measured on them at max_length 128 and batch 32, random batches are 38% padding,
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
 from attnlab.sampling import EpochSeededSampler, LengthGroupedSampler
 from tasks.classify import corpus as corpus_lib
 from tasks.classify.readers import Example
 from tasks.classify.tokenization import PAD, build_tokenizer, encode_cached
+from tasks.common.datamodule import SplitsDataModule, seeded_subset
 
 
-class ClassifyDataModule(pl.LightningDataModule):
+class ClassifyDataModule(SplitsDataModule):
     def __init__(
         self,
         source: str = "debian",
@@ -53,7 +51,7 @@ class ClassifyDataModule(pl.LightningDataModule):
         seed: int | None = None,
         cache_dir: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(collate, batch_size, eval_batch_size, num_workers, seed)
         self.save_hyperparameters()
         corpus_lib.check_source(source, data_dir)
         self.folder = debian_dir if source == "debian" else data_dir
@@ -74,7 +72,8 @@ class ClassifyDataModule(pl.LightningDataModule):
         limits = {"train": hp.max_train_examples, "val": hp.max_eval_examples, "test": hp.max_eval_examples}
         whole = {split: limits[split] is None or int(limits[split]) >= len(examples)
                  for split, examples in corpus.splits.items()}
-        corpus.splits = {split: self._subset(examples, limits[split]) for split, examples in corpus.splits.items()}
+        corpus.splits = {split: seeded_subset(examples, limits[split], hp.subset_seed)
+                         for split, examples in corpus.splits.items()}
         train = corpus.splits["train"]
         self.tokenizer = build_tokenizer(
             hp.tokenizer, [e.text for e in train] + [e.text_b for e in train if e.text_b is not None],
@@ -88,13 +87,6 @@ class ClassifyDataModule(pl.LightningDataModule):
         sizes = {split: len(rows) for split, rows in self.data.items()}
         print(f"[classify] {hp.source}: {len(corpus.label_names)} classes, examples per split {sizes}, "
               f"{hp.tokenizer} vocabulary of {self.tokenizer.get_vocab_size()}", flush=True)
-
-    def _subset(self, examples: list[Example], limit: int | None) -> list[Example]:
-        # Files are often ordered (by package, by label): a random subset, not the first N.
-        if limit is None or int(limit) >= len(examples):
-            return examples
-        picked = sorted(random.Random(self.hparams.subset_seed).sample(range(len(examples)), int(limit)))
-        return [examples[i] for i in picked]
 
     def _encode(self, examples: list[Example], labels: list[int], cache: str | None) -> list[dict]:
         max_length = int(self.hparams.max_length)
@@ -119,31 +111,18 @@ class ClassifyDataModule(pl.LightningDataModule):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def split_data(self, split: str) -> list[dict]:
         if split not in self.data:
             self.setup()
-        rows, hp = self.data[split], self.hparams
-        if not rows:
-            raise DataError(f"the {split} split of {hp.source} data is empty")
-        batch_size = hp.batch_size if shuffle else hp.eval_batch_size
-        sampler = None
-        # order depends only on (seed, epoch): a resumed run sees the same batches
-        if shuffle and hp.group_by_length:
+        if not self.data[split]:
+            raise DataError(f"the {split} split of {self.hparams.source} data is empty")
+        return self.data[split]
+
+    def train_sampler(self, rows: list[dict]) -> EpochSeededSampler:
+        if self.hparams.group_by_length:
             lengths = [max(len(r["input_ids"]), len(r.get("input_ids_b", ()))) for r in rows]
-            sampler = LengthGroupedSampler(lengths, batch_size, hp.seed)
-        elif shuffle:
-            sampler = EpochSeededSampler(len(rows), hp.seed)
-        return DataLoader(rows, batch_size=batch_size, sampler=sampler, collate_fn=collate,
-                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+            return LengthGroupedSampler(lengths, self.batch_size, self.sampler_seed)
+        return EpochSeededSampler(len(rows), self.sampler_seed)
 
 
 def _pad(rows: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

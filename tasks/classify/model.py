@@ -87,16 +87,20 @@ class GatedPairCombination(nn.Module):
 
 
 class SelfAttentiveClassifier(nn.Module):
-    def __init__(self, spec: AttentionSpec, vocab_size: int, num_classes: int, pad_id: int = 0,
+    """`attention`: the `model=` config (the hops' scheme, and the Transformer layers'); the sizes
+    only the data know (vocab_size, num_classes, pad_id, pair, max_length) from the datamodule."""
+
+    def __init__(self, attention: AttentionSpec | dict | str, vocab_size: int, num_classes: int, pad_id: int = 0,
                  pair: bool = False, max_length: int = 128, encoder: str = "lstm", embed_dim: int = 300,
                  hidden_dim: int = 300, lstm_layers: int = 1, d_model: int = 256, nhead: int = 4,
                  num_layers: int = 2, dim_feedforward: int = 1024, hops: int = 30, attention_unit: int = 350,
                  hop_heads: int = 1, fc_dim: int = 3000, activation: str = "relu", dropout: float = 0.5) -> None:
         super().__init__()
+        spec = AttentionSpec.from_config(attention)
         if encoder not in ENCODERS:
             raise ConfigError(f"task.encoder={encoder!r}; use one of {', '.join(ENCODERS)}")
         if activation not in ACTIVATIONS:
-            raise ConfigError(f"task.module.activation={activation!r}; use one of {', '.join(ACTIVATIONS)}")
+            raise ConfigError(f"task.module.net.activation={activation!r}; use one of {', '.join(ACTIVATIONS)}")
         if encoder == "lstm":
             self.encoder = BiLSTMEncoder(vocab_size, pad_id, embed_dim, hidden_dim, lstm_layers, dropout)
         else:

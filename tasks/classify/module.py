@@ -15,25 +15,23 @@ attention over one test sentence per class.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from attnlab.attention import AttentionSpec, record_attention
-from attnlab.callbacks.head_diversity import head_distance_sum, jsd_matrix
+from attnlab.attention import record_attention
+from attnlab.attention.statistics import head_distance_sum, jsd_matrix
 from attnlab.errors import ConfigError
+from attnlab.task_module import TaskModule
 from tasks.classify.figures import HopExamples, token_names
 from tasks.classify.hops import lin_penalty
 from tasks.classify.model import SelfAttentiveClassifier
-from tasks.common.optim import parameter_groups
-
-OPTIMIZERS = ("adam", "sgd")
 
 
 def hop_diversity(weights: Tensor, head_outputs: Tensor) -> tuple[float, float, int]:
@@ -50,52 +48,26 @@ def hop_diversity(weights: Tensor, head_outputs: Tensor) -> tuple[float, float, 
     return dist, jsd / (h * r * (r - 1)), b
 
 
-class ClassifyModule(pl.LightningModule):
+class ClassifyModule(TaskModule):
+    """The classifier (`tasks.classify.model.SelfAttentiveClassifier`, task.module.net), the
+    optimizer and the plateau schedule come injected; `penalty` is the weight of Lin's term."""
+
     def __init__(
         self,
-        attention: Any,
-        vocab_size: int,
-        num_classes: int,
-        label_names: list[str] | None = None,
-        pad_id: int = 0,
-        pair: bool = False,
-        max_length: int = 128,
-        encoder: str = "lstm",
-        penalty: float = 0.0,
-        embed_dim: int = 300,
-        hidden_dim: int = 300,
-        lstm_layers: int = 1,
-        d_model: int = 256,
-        nhead: int = 4,
-        num_layers: int = 2,
-        dim_feedforward: int = 1024,
-        hops: int = 30,
-        attention_unit: int = 350,
-        hop_heads: int = 1,
-        fc_dim: int = 3000,
-        activation: str = "relu",
-        dropout: float = 0.5,
-        optimizer: str = "adam",
-        lr: float = 1e-3,
+        net: SelfAttentiveClassifier,
+        optimizer: Callable[..., Any],
+        scheduler: Callable | None = None,
         hybrid_lr: float | None = None,
-        weight_decay: float = 0.0,
-        lr_plateau_factor: float | None = 0.2,
+        label_names: list[str] | None = None,
+        penalty: float = 0.0,
         heatmap_max_tokens: int = 40,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(net, optimizer, scheduler, hybrid_lr)
         if penalty < 0:
             raise ConfigError(f"task.penalty={penalty} must be >= 0 (the weight of Lin et al.'s ||AA^T - I||_F^2)")
-        if optimizer not in OPTIMIZERS:
-            raise ConfigError(f"task.module.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-        if hops < 2 and penalty > 0:
+        if net.hops.hops < 2 and penalty > 0:
             print("[classify] task.penalty with a single hop: A A^T - I has nothing to decorrelate")
-        self.spec = AttentionSpec.from_config(attention)
-        self.model = SelfAttentiveClassifier(
-            self.spec, vocab_size, num_classes, pad_id=pad_id, pair=pair, max_length=max_length, encoder=encoder,
-            embed_dim=embed_dim, hidden_dim=hidden_dim, lstm_layers=lstm_layers, d_model=d_model, nhead=nhead,
-            num_layers=num_layers, dim_feedforward=dim_feedforward, hops=hops, attention_unit=attention_unit,
-            hop_heads=hop_heads, fc_dim=fc_dim, activation=activation, dropout=dropout)
+        self.num_classes = num_classes = net.classifier[-1].out_features
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.metrics = torch.nn.ModuleDict({
             stage: MetricCollection({"acc": MulticlassAccuracy(num_classes, average="micro"),
@@ -107,11 +79,11 @@ class ClassifyModule(pl.LightningModule):
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """Class logits (B, C); the labels are batch["labels"]."""
-        return self.model(batch).logits
+        return self.net(batch).logits
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def task_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         penalty = float(self.hparams.penalty)
-        out = self.model(batch, need_weights=penalty > 0)
+        out = self.net(batch, need_weights=penalty > 0)
         labels = batch["labels"]
         loss = F.cross_entropy(out.logits, labels)
         n = int(labels.numel())
@@ -126,7 +98,7 @@ class ClassifyModule(pl.LightningModule):
 
     def _evaluate(self, stage: str, batch: dict[str, Tensor]) -> None:
         # the hops' records (one per sentence of a pair) give A and M for the diversity numbers
-        with record_attention([("hops", self.model.hops)], first_only=False) as recorder:
+        with record_attention([("hops", self.net.hops)], first_only=False) as recorder:
             logits = self(batch)
         labels = batch["labels"]
         n = int(labels.numel())
@@ -135,7 +107,7 @@ class ClassifyModule(pl.LightningModule):
         metrics.update(logits, labels)
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=n)
         records = recorder.records.get("hops", [])
-        if self.hparams.hops > 1:
+        if self.net.hops.hops > 1:
             for record in records:
                 dist, jsd, count = hop_diversity(record.weights, record.head_outputs)
                 self.diversity[f"{stage}_dist"].update(dist / count, weight=count)
@@ -152,29 +124,20 @@ class ClassifyModule(pl.LightningModule):
         self._evaluate("test", batch)
 
     def on_test_epoch_start(self) -> None:
-        self.examples = HopExamples(self.hparams.num_classes, self.hparams.heatmap_max_tokens)
+        self.examples = HopExamples(self.num_classes, self.hparams.heatmap_max_tokens)
 
     def on_test_epoch_end(self) -> None:
         examples, self.examples = self.examples, None
         if examples is None or not self.trainer.is_global_zero:
             return
-        label_names = self.hparams.label_names or [str(i) for i in range(self.hparams.num_classes)]
+        label_names = self.hparams.label_names or [str(i) for i in range(self.num_classes)]
         tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
         path = examples.write_png(Path(self.trainer.default_root_dir) / "hop_attention.png", label_names,
                                   token_names(tokenizer))
         if path is not None:
             print(f"[classify] hops' attention over one test sentence per class: {path}")
 
-    def configure_optimizers(self):
-        hp = self.hparams
-        groups = parameter_groups(self, hp.weight_decay, hp.lr, hp.hybrid_lr)
-        if hp.optimizer == "sgd":
-            optimizer = torch.optim.SGD(groups, lr=hp.lr, momentum=0.9)
-        else:
-            optimizer = torch.optim.AdamW(groups, lr=hp.lr)
-        if hp.lr_plateau_factor is None:
-            return optimizer
-        # Lin et al.'s code divides the rate by 5 when the validation loss stops improving
-        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=hp.lr_plateau_factor,
-                                                               patience=0)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
+    def lr_scheduler_config(self, scheduler: Any) -> dict:
+        # Lin et al.'s code divides the rate when the validation loss stops improving: a plateau
+        # schedule (task.module.scheduler) steps at each validation on val/loss
+        return {"scheduler": scheduler, "monitor": "val/loss"}

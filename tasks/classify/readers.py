@@ -13,11 +13,13 @@ News' title, description). With a header, the columns are found by name (SST-2's
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError
+from tasks.common.lines import iter_lines, read_text
 
 # File-name stems accepted for each split (the split's own name, or a suffix after "_": snli_1.0_dev).
 SPLIT_STEMS = {"train": ("train",), "val": ("dev", "val", "valid", "validation", "dev_matched"), "test": ("test",)}
@@ -85,10 +87,10 @@ def read_tsv(path: str | Path, header: str = "auto") -> list[Example]:
         raise ConfigError(f"task.data.header={header!r}; use one of {', '.join(HEADER_CHOICES)}")
     header = str(header).lower()
     is_csv = path.suffix == ".csv"
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        # TSV files (SST, GLUE) quote nothing: a quote character is part of the text
-        rows = list(csv.reader(f, delimiter="," if is_csv else "\t",
-                               quoting=csv.QUOTE_MINIMAL if is_csv else csv.QUOTE_NONE))
+    # TSV files (SST, GLUE) quote nothing: a quote character is part of the text
+    lines = io.StringIO(read_text(path), newline="")  # line ends as csv wants them: untranslated
+    rows = list(csv.reader(lines, delimiter="," if is_csv else "\t",
+                           quoting=csv.QUOTE_MINIMAL if is_csv else csv.QUOTE_NONE))
     first = 0
     label_col, text_cols = 0, None  # no header: label first, the rest is text
     if rows and (header == "true" or (header == "auto" and _is_header(rows[0]))):
@@ -121,22 +123,21 @@ def read_snli(path: str | Path) -> list[Example]:
     """Premise/hypothesis pairs of an SNLI (or MultiNLI) jsonl file; gold_label "-" (no consensus) is dropped."""
     path = Path(path)
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                label, premise, hypothesis = row["gold_label"], row["sentence1"], row["sentence2"]
-            except ValueError:
-                raise DataError(f"{path}:{number} is not valid JSON; is this SNLI's .jsonl (not the .txt)?")
-            except (KeyError, TypeError):
-                raise DataError(f"{path}:{number} lacks gold_label, sentence1 or sentence2 (SNLI jsonl fields)")
-            if label == "-":
-                continue
-            if label not in SNLI_LABELS:
-                raise DataError(f"{path}:{number} has gold_label {label!r}; expected one of {SNLI_LABELS} or '-'")
-            examples.append(Example(label, " ".join(premise.split()), " ".join(hypothesis.split())))
+    for number, line in enumerate(iter_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            label, premise, hypothesis = row["gold_label"], row["sentence1"], row["sentence2"]
+        except ValueError:
+            raise DataError(f"{path}:{number} is not valid JSON; is this SNLI's .jsonl (not the .txt)?")
+        except (KeyError, TypeError):
+            raise DataError(f"{path}:{number} lacks gold_label, sentence1 or sentence2 (SNLI jsonl fields)")
+        if label == "-":
+            continue
+        if label not in SNLI_LABELS:
+            raise DataError(f"{path}:{number} has gold_label {label!r}; expected one of {SNLI_LABELS} or '-'")
+        examples.append(Example(label, " ".join(premise.split()), " ".join(hypothesis.split())))
     if not examples:
         raise DataError(f"{path} holds no labelled pairs")
     return examples

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from attnlab.errors import ConfigError
+from attnlab.files import atomic_write
 from tasks.common import bert_assets
 
 TOKENIZERS = ("wordpiece", "word")
@@ -71,10 +70,7 @@ def encode_cached(tokenizer, texts: Sequence[str], max_length: int, cache_dir: s
         return [flat[a:b] for a, b in itertools.pairwise(offsets)]
     ids = encode(tokenizer, texts, max_length)
     offsets = np.cumsum([0] + [len(row) for row in ids])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
+    with atomic_write(path) as f:  # parallel sweep jobs never read a half-written cache
         np.savez(f, ids=np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1])),
                  offsets=offsets)
-    os.replace(tmp, path)  # atomic: parallel sweep jobs never read a half-written cache
     return ids

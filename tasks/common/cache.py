@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from attnlab.files import atomic_write
 
 
 def cache_path(folder: str | Path, prefix: str, key_parts: dict) -> Path:
@@ -40,12 +40,5 @@ def load_arrays(path: Path | None) -> dict[str, np.ndarray] | None:
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write atomically: a crash or a parallel job never leaves a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        np.savez(f, **arrays)

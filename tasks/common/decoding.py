@@ -8,9 +8,10 @@ The model protocol (e.g. `tasks.common.seq2seq.Seq2SeqTransformer`):
     logits = model.project(hidden)                                # (B, V)
     cache.select(rows)                                            # beam search: keep these rows
 
-A step feeds one token per hypothesis (`tasks.common.incremental`), so decoding costs one
-decoder pass per generated token instead of one per prefix position, and the article is
-projected to cross-attention keys/values once instead of at every step.
+A step feeds one token per hypothesis (the library's KV cache and layer steps,
+`attnlab.attention.kv_cache`), so decoding costs one decoder pass per generated token instead of
+one per prefix position, and the article is projected to cross-attention keys/values once
+instead of at every step.
 
 Both searches pick tokens with the same `_top_tokens`, so that beam search with one beam is
 exactly greedy search (same ties, same ids), which the tests check.

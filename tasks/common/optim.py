@@ -1,39 +1,23 @@
-"""Optimizer parameter groups and learning-rate schedules (BERT's, fairseq's inverse square root),
-shared by the text tasks."""
+"""Learning-rate schedules as LambdaLR factors (BERT's, cosine, fairseq's inverse square root), and
+the scheduler factories the task configs name as `task.module.scheduler` partials.
+
+A factory takes the optimizer and, when it needs the run's length, `total_steps` (TaskModule
+passes `trainer.estimated_stepping_batches`); `warmup` is a share of the steps when < 1, else a
+number of steps.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
 
-from attnlab.attention import scheme_parameters
 
-
-def parameter_groups(model: nn.Module, weight_decay: float, lr: float,
-                     hybrid_lr: float | None = None) -> list[dict]:
-    """AdamW/LAMB groups: decayed matrices, undecayed vectors, and the normalizers' own
-    parameters (HNAS's u logits, found by type: `attnlab.attention.scheme_parameters`).
-
-    No weight decay on vectors (biases, LayerNorms) nor on the u logits: decay would pull u
-    towards 0.5 and bias where HNAS puts its weight.
-
-    `hybrid_lr` (None: `lr`) is the learning rate of the u logits. Adam moves a parameter by at
-    most about lr per step whatever its gradient's scale: at lr 1e-3 with warmup and decay a
-    logit moves < 0.3 in a 500-step CPU run (u from 0.5 to at most 0.57), while the paper's 125k
-    steps allow ~100. A larger hybrid_lr gives the few mixing logits room to move in a short run.
-    """
-    hybrid = [p for _, p in scheme_parameters(model) if p.requires_grad]
-    ids = {id(p) for p in hybrid}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
-    groups = [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    if hybrid:
-        groups.append({"params": hybrid, "weight_decay": 0.0, "lr": lr if hybrid_lr is None else hybrid_lr})
-    return groups
+def warmup_steps(warmup: float, total: int) -> int:
+    # a warmup longer than the run (a short run of a paper's recipe) spans the run
+    return int(warmup * total) if warmup < 1 else min(int(warmup), total)
 
 
 def warmup_linear_decay(total: int, warmup: int) -> Callable[[int], float]:
@@ -44,6 +28,20 @@ def warmup_linear_decay(total: int, warmup: int) -> Callable[[int], float]:
         if step < warmup:
             return (step + 1) / (warmup + 1)
         return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def warmup_cosine(total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    """LambdaLR factor: linear warmup, then a half cosine from 1 down to `min_ratio` at `total`
+    (fairseq's cosine schedule with one period, as transformer_lm_wiki103 trains)."""
+    total, warmup = max(1, int(total)), max(0, int(warmup))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
 
@@ -60,3 +58,22 @@ def inverse_sqrt(warmup: int) -> Callable[[int], float]:
         return math.sqrt(warmup / step)
 
     return factor
+
+
+def linear_schedule(optimizer: Optimizer, total_steps: int, warmup: float = 0.0) -> LambdaLR:
+    """`warmup_linear_decay` over the run (task.module.scheduler: BERT's)."""
+    total = max(1, int(total_steps))
+    return LambdaLR(optimizer, warmup_linear_decay(total, warmup_steps(warmup, total)))
+
+
+def cosine_schedule(optimizer: Optimizer, total_steps: int, warmup: float = 0.0,
+                    min_lr: float = 0.0) -> LambdaLR:
+    """`warmup_cosine` over the run, down to `min_lr` (a rate: divided by the optimizer's lr)."""
+    total = max(1, int(total_steps))
+    ratio = min_lr / optimizer.defaults["lr"]
+    return LambdaLR(optimizer, warmup_cosine(total, warmup_steps(warmup, total), ratio))
+
+
+def inverse_sqrt_schedule(optimizer: Optimizer, warmup: int) -> LambdaLR:
+    """`inverse_sqrt` (task.module.scheduler: fairseq's), warmup in steps."""
+    return LambdaLR(optimizer, inverse_sqrt(warmup))

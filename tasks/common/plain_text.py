@@ -7,8 +7,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.errors import require_file
+from attnlab.errors import DataError, require_file
 from tasks.common import debian
+from tasks.common.lines import read_text
 
 
 def check_files(files: Sequence[str | Path]) -> None:
@@ -18,15 +19,16 @@ def check_files(files: Sequence[str | Path]) -> None:
 
 
 def read_plain_text(files: Sequence[str | Path]) -> list[str]:
-    """Paragraphs (blocks separated by blank lines, lines joined) of UTF-8 text files."""
+    """Paragraphs (blocks separated by blank lines, lines joined) of UTF-8 text files; a file that
+    is not UTF-8, or holds no text, is a DataError naming it."""
     check_files(files)
     paragraphs = []
     for name in files:
-        text = Path(name).read_text(encoding="utf-8", errors="replace")
-        for block in re.split(r"\n\s*\n", text):
-            paragraph = " ".join(block.split())
-            if paragraph:
-                paragraphs.append(paragraph)
+        found = [" ".join(block.split()) for block in re.split(r"\n\s*\n", read_text(name))]
+        found = [paragraph for paragraph in found if paragraph]
+        if not found:
+            raise DataError(f"{name} holds no text; remove it from task.data.files or give it text")
+        paragraphs.extend(found)
     return paragraphs
 
 

@@ -19,35 +19,33 @@ What differs between the tasks is an option:
 | `lm_head` | true: BERT's dense + activation + LayerNorm before the tied projection, plus a bias | false: the tied projection alone |
 | `weight_init` | `bert`: Normal(0, 0.02) everywhere | `fairseq`: Xavier-uniform linears, Normal(0, d^-1/2) embeddings |
 | `norm_first` | post-LN (BERT; pre-LN option) | post-LN (fairseq's default; pre-LN option) |
-| `output_vocab_size` / `set_output_vocab` | the tokens of the training headlines | the whole joint BPE |
+| `output_vocab` / `set_output_vocab` | the tokens of the training headlines | the whole joint BPE |
 
-Incremental decoding (`start_decoding` / `decode_step`) and search (`tasks.common.decoding`) work
-on any of them.
+Incremental decoding (`start_decoding` / `decode_step`, on the library's KV caches and layer
+steps, `attnlab.attention.kv_cache`) and search (`tasks.common.decoding`) work on any of them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention import (
+    DecoderCache,
     MultiHeadAttention,
+    PrefixCache,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
+    cacheable,
     run_stack,
+    step_stack,
 )
 from attnlab.attention.layers import make_activation
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
-from tasks.common.incremental import (
-    DecoderCache,
-    PrefixCache,
-    cacheable,
-    decoder_layer_step,
-    start_cache,
-)
 
 POSITIONS = ("learned", "sinusoidal")
 WEIGHT_INITS = ("bert", "fairseq")
@@ -122,7 +120,7 @@ class Seq2SeqTransformer(nn.Module):
         max_target_positions: int = 64,
         layer_norm_eps: float = 1e-12,
         norm_first: bool = False,
-        output_vocab_size: int | None = None,
+        output_vocab: Sequence[int] | None = None,
         positions: str = "learned",
         lm_head: bool = True,
         weight_init: str = "bert",
@@ -139,7 +137,7 @@ class Seq2SeqTransformer(nn.Module):
             raise ConfigError(
                 f"decoder attention {decoder_spec.scheme!r} normalizes over queries, which mixes "
                 f"all target positions and leaks the future into step-by-step decoding. The "
-                f"decoder must normalize over keys: remove task.module.decoder_attention "
+                f"decoder must normalize over keys: remove task.module.net.decoder_attention "
                 f"(or set it to unas); model={encoder_spec.scheme} applies to the encoder only"
             )
         self.pad_id = pad_id
@@ -191,12 +189,13 @@ class Seq2SeqTransformer(nn.Module):
         # The output vocabulary: the token ids the decoder can produce (all by default; headline
         # restricts it to the tokens of the training headlines, see `set_output_vocab`).
         self.vocab_size = vocab_size
-        size = vocab_size if output_vocab_size is None else int(output_vocab_size)
-        self.register_buffer("output_ids", torch.arange(size))
+        self.register_buffer("output_ids", torch.arange(vocab_size))
         if weight_init == "bert":
             self.apply(_init_bert_style)
         else:
             _init_fairseq_style(self)
+        if output_vocab is not None:  # a buffer: a checkpoint's ids load into it
+            self.set_output_vocab(output_vocab)
 
     def set_output_vocab(self, token_ids) -> None:
         """Let the decoder produce only these token ids (sorted, unique; [PAD], [UNK] and the
@@ -286,8 +285,8 @@ class Seq2SeqTransformer(nn.Module):
         """A key/value cache for `decode_step` (cross-attention keys/values projected once; the
         row-wise cascades of CODA and RealFormer are carried step by step); a prefix store for
         decoders whose attention cannot be cached."""
-        if cacheable(list(self.decoder_layers), cascades=True):
-            return start_cache(list(self.decoder_layers), memory, memory_padding_mask)
+        if cacheable(self.decoder_layers, cascades=True):
+            return DecoderCache.start(self.decoder_layers, memory, memory_padding_mask)
         return PrefixCache(memory, memory_padding_mask)
 
     def decode_step(self, token_ids: Tensor, cache: DecoderCache | PrefixCache) -> Tensor:
@@ -303,14 +302,9 @@ class Seq2SeqTransformer(nn.Module):
             )
         if isinstance(cache, PrefixCache):
             prefix = cache.append(token_ids)
-            cache.length += 1
             return self.decode_hidden(prefix, cache.memory, cache.memory_padding_mask)[:, -1]
         y = self.decoder_embeddings(token_ids[:, None], start=position)
-        logits = None  # the newest position's rows of cascade logits, layer to layer
-        for index, layer in enumerate(self.decoder_layers):
-            y, logits = decoder_layer_step(layer, y, cache, index, prev_logits=logits, return_logits=True)
-        cache.length += 1
-        return self.decoder_norm(y[:, 0])
+        return self.decoder_norm(step_stack(self.decoder_layers, y, cache)[:, 0])
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) of the token after each position of tgt_ids."""

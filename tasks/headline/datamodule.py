@@ -135,18 +135,15 @@ class HeadlineDataModule(EncodedSplitsDataModule):
     def model_kwargs(self) -> dict:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(None)
-        kwargs = {
+        net = {
             "vocab_size": self.tokenizer.get_vocab_size(),
             "pad_id": PAD_ID,
-            "bos_id": CLS_ID,
-            "eos_id": SEP_ID,
-            "unk_id": UNK_ID,
             "max_source_positions": self.max_source_length,
             "max_target_positions": self.max_target_length,
         }
         if self.output_vocab == "train":
-            kwargs["output_vocab"] = self.headline_vocabulary()
-        return kwargs
+            net["output_vocab"] = self.headline_vocabulary()
+        return {"bos_id": CLS_ID, "eos_id": SEP_ID, "unk_id": UNK_ID, "net": net}
 
     def headline_vocabulary(self) -> list[int]:
         """The token ids of the training headlines, plus [PAD], [UNK], [CLS], [SEP] (sorted).

@@ -39,11 +39,11 @@ def read_split(
     article_path, title_path = split_files(data_dir, split)
     if drop_empty is None:
         drop_empty = split == "train"
-    rows = read_aligned(
-        article_path, title_path, drop_empty,
-        "Point task.datamodule.gigaword_dir to the directory holding {train,valid,test}.article.txt "
-        "/ .title.txt (Rush et al. 2015 format), or use task.datamodule.source=debian",
-    )
+    hint = ("Point task.datamodule.gigaword_dir to the directory holding {train,valid,test}.article.txt "
+            "/ .title.txt (Rush et al. 2015 format), or use task.datamodule.source=debian")
+    rows = read_aligned(article_path, title_path, drop_empty, hint)
+    if not rows:  # prepare_data reads every split: said before any tokenizing or training
+        raise DataError(f"{article_path} and {title_path} hold no article/title pairs. {hint}")
     return [HeadlinePair(article=a, headline=t, source_id=f"{split}:{i}") for i, a, t in rows]
 
 

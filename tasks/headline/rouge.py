@@ -19,3 +19,13 @@ def make_rouge() -> ROUGEScore:
 def rouge_f1(scores: dict) -> dict[str, float]:
     """{'rouge1': F1, ...} from a ROUGEScore result (which also holds precision and recall)."""
     return {key: float(scores[f"{key}_fmeasure"]) for key in ROUGE_KEYS}
+
+
+class RougeF1(ROUGEScore):
+    """The test and validation scores: `compute()` gives {'rouge1': F1, 'rouge2': ..., 'rougeL': ...}."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(use_stemmer=True, rouge_keys=ROUGE_KEYS, **kwargs)
+
+    def compute(self) -> dict[str, float]:
+        return rouge_f1(super().compute())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from attnlab.errors import DataError
 from tasks.common import debian
+from tasks.common.lines import iter_lines
 
 STANDARD_FILES = {
     "wikitext": {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"},
@@ -53,15 +54,16 @@ def standard_files(source: str, data_dir: str | Path) -> dict[str, Path]:
             f"{source} file(s) not found: {', '.join(missing)}.{hint} Point task.data_dir to the "
             f"folder holding {', '.join(STANDARD_FILES[source].values())}"
         )
+    empty = [str(path) for path in files.values() if path.stat().st_size == 0]
+    if empty:
+        raise DataError(f"{source} file(s) {', '.join(empty)} are empty; copy them again from the "
+                        f"release archive ({', '.join(STANDARD_FILES[source].values())})")
     return files
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
     """The lines of a token file, blank ones included (each becomes one end-of-line token)."""
-    # newline="\n": only "\n" ends a line (str.splitlines would also split on \x0b, \u2028, ...)
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
-        for line in handle:
-            yield line.rstrip("\n")
+    return iter_lines(path)
 
 
 def debian_segments(rows: Sequence[dict]) -> dict[str, list[str]]:

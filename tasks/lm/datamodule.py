@@ -18,14 +18,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.sampling import EpochSeededSampler
 from tasks.common import bert_assets, debian
 from tasks.common.cache import cache_path, load_arrays, save_arrays
+from tasks.common.datamodule import SplitsDataModule
+from tasks.common.files import sha256_of
 from tasks.common.plain_text import check_files, read_plain_text, split_plain_paragraphs
 from tasks.lm.corpus import (
     STANDARD_FILES,
@@ -42,7 +41,7 @@ VOCABS = ("word", "wordpiece")
 _ENCODE_CHUNK = 10_000  # segments per encode_batch call: bounded memory on Wikitext-103
 
 
-class LMDataModule(pl.LightningDataModule):
+class LMDataModule(SplitsDataModule):
     def __init__(
         self,
         source: str = "debian",
@@ -60,7 +59,8 @@ class LMDataModule(pl.LightningDataModule):
         seed: int = 42,
         cache_dir: str | None = None,
     ) -> None:
-        super().__init__()
+        # the collate function pads with the vocabulary's [PAD], known below
+        super().__init__(None, batch_size, eval_batch_size, num_workers, seed)
         self.save_hyperparameters()
         self.files = list(files) if files else None
         if source not in SOURCES:
@@ -94,6 +94,7 @@ class LMDataModule(pl.LightningDataModule):
             (0, 1, 2) if self.word_level  # the positions of corpus.WORD_SPECIALS
             else (bert_assets.PAD_ID, bert_assets.SEP_ID, bert_assets.UNK_ID)
         )
+        self.collate_fn = collate_windows(self.pad_id)
         self.tokenizer = None  # HF `tokenizers`: WordLevel built on train, or the packaged WordPiece
         self.streams: dict[str, np.ndarray] = {}
         self.datasets: dict[str, TokenWindows] = {}
@@ -131,11 +132,11 @@ class LMDataModule(pl.LightningDataModule):
             return None
         key_parts = {
             "version": 1, "source": self.source, "vocab": self.vocab_kind,
-            "inputs": [debian.sha256_of(path) for path in self._source_files()],
+            "inputs": [sha256_of(path) for path in self._source_files()],
             "fractions": self.fractions, "min_count": int(self.hparams.min_count),
         }
         if self.vocab_kind == "wordpiece":
-            key_parts["tokenizer"] = debian.sha256_of(bert_assets.bert_dir() / "tokenizer.json")
+            key_parts["tokenizer"] = sha256_of(bert_assets.bert_dir() / "tokenizer.json")
         return cache_path(self.hparams.cache_dir, "lm", key_parts)
 
     def _encode(self, segments: Iterable[str]) -> np.ndarray:
@@ -231,34 +232,15 @@ class LMDataModule(pl.LightningDataModule):
 
     # -- loaders -------------------------------------------------------------------------------
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def split_data(self, split: str) -> TokenWindows:
         if not self.datasets:
             self.setup()
-        dataset = self.datasets[split]
-        batch_size = self.hparams.batch_size if shuffle else (self.hparams.eval_batch_size or self.hparams.batch_size)
-        if shuffle:  # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler = EpochSeededSampler(len(dataset), int(self.hparams.seed))
-        elif self.trainer is not None and self.trainer.world_size > 1:  # every window once
-            sampler = EvaluationShards(dataset, self.trainer.world_size, self.trainer.global_rank)
-        else:
-            sampler = None
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            collate_fn=collate_windows(self.pad_id),
-        )
+        return self.datasets[split]
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def eval_sampler(self, windows: TokenWindows) -> EvaluationShards | None:
+        if self.trainer is not None and self.trainer.world_size > 1:  # every window once
+            return EvaluationShards(windows, self.trainer.world_size, self.trainer.global_rank)
+        return None
 
 
 class _Lines:

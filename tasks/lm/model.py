@@ -11,9 +11,10 @@
   transformer_lm_wiki103 has none) or post-LN layers.
 
 Incremental decoding (`start_decoding` / `decode_step` / `project`, the protocol of
-`tasks.common.decoding.sample`): a key/value cache per layer (`tasks.common.incremental`); the
-row-wise cascades of CODA and RealFormer carry the newest row of logits from layer to layer, as in
-the encoder-decoder. Other logit transforms re-run the prefix at every step (`PrefixCache`).
+`tasks.common.decoding.sample`): the library's key/value cache and layer steps
+(`attnlab.attention.kv_cache`, `step_stack`); row-wise cascades (CODA, RealFormer) carry the newest
+row of logits from layer to layer, as in the encoder-decoder. Other logit transforms re-run the
+prefix at every step (`PrefixCache`).
 """
 
 from __future__ import annotations
@@ -23,15 +24,25 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from attnlab.attention import AttentionSpec, TransformerEncoderLayer, run_stack
+from attnlab.attention import (
+    AttentionSpec,
+    KVCache,
+    PrefixCache,
+    TransformerEncoderLayer,
+    cacheable,
+    run_stack,
+    step_stack,
+)
 from attnlab.errors import ConfigError
-from tasks.common.incremental import KVCache, PrefixCache, cacheable, causal_layer_step
 from tasks.lm.embeddings import AdaptiveEmbedding, TiedEmbedding, sinusoidal_positions
 
 POSITIONS = ("learned", "sinusoidal")
 
 
 class TransformerLM(nn.Module):
+    """`attention`: the `model=` config, in every self-attention. `max_positions` (null: the
+    data's `block_size`) must cover the blocks."""
+
     def __init__(
         self,
         vocab_size: int,
@@ -47,7 +58,8 @@ class TransformerLM(nn.Module):
         norm_first: bool = True,
         final_norm: bool | None = None,
         layer_norm_eps: float = 1e-5,
-        max_positions: int = 512,
+        max_positions: int | None = None,
+        block_size: int | None = None,
         positions: str = "learned",
         scale_embedding: bool = True,
         adaptive_cutoffs: Sequence[int] | None = None,
@@ -58,9 +70,11 @@ class TransformerLM(nn.Module):
     ) -> None:
         super().__init__()
         if positions not in POSITIONS:
-            raise ConfigError(f"task.module.positions={positions!r}; use one of {', '.join(POSITIONS)}")
+            raise ConfigError(f"task.module.net.positions={positions!r}; use one of {', '.join(POSITIONS)}")
         spec = AttentionSpec.from_config(attention)
-        self.max_positions = int(max_positions)
+        self.max_positions = int(max_positions or block_size or 512)
+        if block_size is not None and self.max_positions < block_size:
+            raise ConfigError(f"task.module.net.max_positions={self.max_positions} < task.data.block_size={block_size}")
         self.checkpoint = checkpoint
         cutoffs = [int(c) for c in adaptive_cutoffs or ()]
         if any(c >= vocab_size for c in cutoffs):  # a small vocabulary (fixtures, your own text)
@@ -96,7 +110,7 @@ class TransformerLM(nn.Module):
         if start + length > self.max_positions:
             raise ConfigError(
                 f"{start + length} positions needed but the model has {self.max_positions}; "
-                f"task.module.max_positions must be >= task.data.block_size (and cover generation)"
+                f"task.module.net.max_positions must be >= task.data.block_size (and cover generation)"
             )
         if self.position is not None:
             return self.position.weight[start : start + length]
@@ -135,15 +149,9 @@ class TransformerLM(nn.Module):
 
         Equals `forward(prefix)[:, -1]` for the prefix fed so far (tested)."""
         if isinstance(cache, PrefixCache):
-            prefix = cache.append(token_ids)
-            cache.length += 1
-            return self(prefix)[:, -1]
+            return self(cache.append(token_ids))[:, -1]
         x = self.embed_tokens(token_ids[:, None], start=cache.length)
-        logits = None  # the newest position's rows of cascade logits, layer to layer
-        for index, layer in enumerate(self.layers):
-            x, logits = causal_layer_step(layer, x, cache, index, prev_logits=logits, return_logits=True)
-        cache.length += 1
-        return self.final_norm(x[:, 0])
+        return self.final_norm(step_stack(self.layers, x, cache)[:, 0])
 
     def project(self, hidden: Tensor) -> Tensor:
         return self.logits(hidden)

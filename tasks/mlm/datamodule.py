@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.sampling import EpochSeededSampler
 from tasks.common import bert_assets, debian
 from tasks.common.cache import cache_path, load_arrays, save_arrays
+from tasks.common.datamodule import SplitsDataModule
+from tasks.common.files import sha256_of
 from tasks.common.plain_text import check_files, read_plain_text, split_plain_paragraphs
 from tasks.mlm.masking import IGNORE, MaskingConfig, example_rng, mask_example
 
@@ -124,7 +124,7 @@ def pad_collate(pad_id: int):
     return collate
 
 
-class MLMDataModule(pl.LightningDataModule):
+class MLMDataModule(SplitsDataModule):
     def __init__(
         self,
         data_dir: str = "data/debian",
@@ -141,7 +141,10 @@ class MLMDataModule(pl.LightningDataModule):
         mask_rate: float = 0.15,
         max_ngram: int = 3,
     ) -> None:
-        super().__init__()
+        # one batch size for all splits; workers are re-created each epoch (not persistent) so
+        # that they see the new epoch's masks
+        super().__init__(pad_collate(bert_assets.PAD_ID), batch_size, batch_size, num_workers, seed,
+                         persistent_workers=False)
         self.save_hyperparameters()
         self.files = list(files) if files else None
         self.data_dir = Path(data_dir)
@@ -198,7 +201,7 @@ class MLMDataModule(pl.LightningDataModule):
             return None
         key_parts = {
             "sources": json.loads(manifest.read_text()).get("sources"),
-            "tokenizer": debian.sha256_of(bert_assets.bert_dir() / "tokenizer.json"),
+            "tokenizer": sha256_of(bert_assets.bert_dir() / "tokenizer.json"),
             "max_length": hp.max_length, "pack": hp.pack, "min_words": hp.min_words, "fractions": self.fractions,
             "version": 1,
         }
@@ -262,24 +265,5 @@ class MLMDataModule(pl.LightningDataModule):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset = self.datasets[split]
-        return DataLoader(
-            dataset,
-            batch_size=self.hparams.batch_size,
-            # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler=EpochSeededSampler(len(dataset), int(self.hparams.seed)) if shuffle else None,
-            num_workers=self.hparams.num_workers,
-            # Workers are re-created each epoch (not persistent) so they see the new epoch's masks.
-            persistent_workers=False,
-            collate_fn=pad_collate(bert_assets.PAD_ID),
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def split_data(self, split: str) -> MaskedTextDataset:
+        return self.datasets[split]

@@ -20,6 +20,7 @@ from attnlab.attention import (
     scheme_parameters,
 )
 from attnlab.errors import ConfigError
+from tasks.common import bert_assets
 
 
 class BertEmbeddings(nn.Module):
@@ -96,13 +97,60 @@ class MLMHead(nn.Module):
         return nn.functional.linear(h, self.word_embeddings.weight, self.bias)
 
 
+INITS = ("random", "bert")
+
+
+def bert_architecture() -> dict:
+    """Encoder sizes of the packaged checkpoint, as BertForMLM keyword arguments."""
+    cfg = bert_assets.bert_config()
+    if cfg.get("hidden_act", "gelu") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError("the packaged BERT uses an activation or position embedding this encoder lacks")
+    return {
+        "vocab_size": cfg["vocab_size"],
+        "d_model": cfg["hidden_size"],
+        "num_layers": cfg["num_hidden_layers"],
+        "nhead": cfg["num_attention_heads"],
+        "dim_feedforward": cfg["intermediate_size"],
+        "max_position": cfg["max_position_embeddings"],
+        "type_vocab_size": cfg["type_vocab_size"],
+        "layer_norm_eps": cfg["layer_norm_eps"],
+        "pad_id": cfg["pad_token_id"],
+    }
+
+
 class BertForMLM(nn.Module):
-    def __init__(self, **encoder_kwargs) -> None:
+    """BERT encoder + tied MLM head, every self-attention with `attention` (the `model=` config).
+
+    `init="bert"` starts from the packaged BERT checkpoint: its config fixes the sizes (the ones
+    given are ignored, post-LN) and its weights are loaded. `max_length` (the data's, if given)
+    must fit the positions.
+    """
+
+    def __init__(self, attention: AttentionSpec | dict | str, vocab_size: int, pad_id: int = 0,
+                 init: str = "random", max_length: int | None = None, d_model: int = 256,
+                 num_layers: int = 4, nhead: int = 4, dim_feedforward: int = 1024, max_position: int = 512,
+                 dropout: float = 0.1, attn_dropout: float = 0.1, norm_first: bool = False) -> None:
         super().__init__()
-        self.encoder = BertEncoder(**encoder_kwargs)
-        self.head = MLMHead(self.encoder.embeddings.word_embeddings,
-                            encoder_kwargs.get("layer_norm_eps", 1e-12))
+        if init not in INITS:
+            raise ConfigError(f"task.init={init!r}; use 'random' (train from scratch) or 'bert' (packaged weights)")
+        sizes = {"vocab_size": vocab_size, "d_model": d_model, "num_layers": num_layers, "nhead": nhead,
+                 "dim_feedforward": dim_feedforward, "max_position": max_position, "pad_id": pad_id}
+        if init == "bert":
+            arch = bert_architecture()
+            if arch["vocab_size"] != vocab_size:
+                raise ConfigError(f"the tokenizer has {vocab_size} tokens but the BERT checkpoint {arch['vocab_size']}")
+            print(f"[mlm] task.init=bert: {arch['num_layers']} layers, {arch['d_model']} wide, "
+                  f"{arch['nhead']} heads, post-LN from the packaged config (task sizes ignored)")
+            sizes, norm_first = arch, False
+        if max_length is not None and max_length > sizes["max_position"]:
+            raise ConfigError(f"task.data.max_length={max_length} exceeds the {sizes['max_position']} positions")
+        self.encoder = BertEncoder(**sizes, dropout=dropout, attn_dropout=attn_dropout, spec=attention,
+                                   norm_first=norm_first)
+        self.head = MLMHead(self.encoder.embeddings.word_embeddings, sizes.get("layer_norm_eps", 1e-12))
         self.apply(_init_bert_weights)
+        if init == "bert":
+            left = load_bert_weights(self, bert_assets.load_bert_state_dict())
+            print(f"[mlm] loaded the packaged BERT weights; left at init: {', '.join(left) or 'none'}")
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None,
                 padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:

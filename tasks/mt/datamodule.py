@@ -102,21 +102,34 @@ class TranslationDataModule(EncodedSplitsDataModule):
     def prepare_data(self) -> None:
         if self.source == "debian":
             debian_pairs.prepare_pairs(self.text_dir, **self.pairs_options)
-        for split in ("val", "test"):  # missing or misaligned files fail now, not after training
-            self.read_split(split)
-        self._load_tokenizer(train=True)
+        # Every split is read (missing, misaligned, non-UTF-8 or empty files fail) before the BPE
+        # is trained and cached on the training split.
+        parallel.require_layout(self.text_dir, self.src, self.tgt)
+        pairs = {split: self.read_split(split) for split in SPLITS}
+        for split in SPLITS:
+            # a Debian split with no share of split_fractions is refused when it is set up
+            if not pairs[split] and (split == "train" or self.source == "files"):
+                raise self._empty(split)
+        self._load_tokenizer(train=True, train_pairs=pairs["train"])
 
     def read_split(self, split: str) -> list[TranslationPair]:
         return parallel.read_split(self.text_dir, split, self.src, self.tgt, self.bpe_marker)
 
-    def _load_tokenizer(self, train: bool = False) -> None:
+    def _empty(self, split: str) -> DataError:
+        return DataError(
+            f"the mt {split} split of {self.text_dir} is empty; with source=debian give it a "
+            f"share in task.datamodule.split_fractions, with files check "
+            f"{parallel.SPLIT_FILES[split]}.{self.src} / .{self.tgt}"
+        )
+
+    def _load_tokenizer(self, train: bool = False, train_pairs: list[TranslationPair] | None = None) -> None:
         if self.tokenizer is not None:
             return
         files = parallel.existing_split_files(self.text_dir, "train", self.src, self.tgt)
         key = tokenizer.cache_key(files, self.vocab_size, self.min_frequency, {"bpe_marker": self.bpe_marker})
 
         def training_texts() -> list[str]:  # both sides: one vocabulary for both languages
-            pairs = self.read_split("train")
+            pairs = self.read_split("train") if train_pairs is None else train_pairs
             return [p.source for p in pairs] + [p.target for p in pairs]
 
         self.tokenizer, self.tokenizer_file = tokenizer.load_or_train(
@@ -130,11 +143,7 @@ class TranslationDataModule(EncodedSplitsDataModule):
                 continue
             pairs = self.subset(self.read_split(split), split)
             if not pairs:
-                raise DataError(
-                    f"the mt {split} split of {self.text_dir} is empty; with source=debian give it a "
-                    f"share in task.datamodule.split_fractions, with files check "
-                    f"{parallel.SPLIT_FILES[split]}.{self.src} / .{self.tgt}"
-                )
+                raise self._empty(split)
             self.data[split] = self._encode(pairs, drop_long=split == "train")
             dropped = len(pairs) - len(self.data[split])
             note = f", {dropped} longer than the length limits dropped" if dropped else ""
@@ -160,15 +169,17 @@ class TranslationDataModule(EncodedSplitsDataModule):
     def model_kwargs(self) -> dict:
         self._load_tokenizer(train=True)
         return {
-            "vocab_size": self.tokenizer.get_vocab_size(),
-            "pad_id": tokenizer.PAD_ID,
             "bos_id": tokenizer.BOS_ID,
             "eos_id": tokenizer.EOS_ID,
             "unk_id": tokenizer.UNK_ID,
-            "max_source_positions": self.max_source_length,
-            "max_target_positions": self.max_target_length,
             # the module detokenizes its outputs for BLEU with the same vocabulary
             "tokenizer_file": str(self.tokenizer_file.resolve()),
+            "net": {
+                "vocab_size": self.tokenizer.get_vocab_size(),
+                "pad_id": tokenizer.PAD_ID,
+                "max_source_positions": self.max_source_length,
+                "max_target_positions": self.max_target_length,
+            },
         }
 
     def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:

@@ -40,7 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.errors import DataError
+from attnlab.files import atomic_write_text
 from tasks.common import debian
+from tasks.common.files import sha256_of
 from tasks.mt import segments
 from tasks.mt.parallel import SPLIT_FILES
 
@@ -125,7 +127,7 @@ def is_built(pairs_dir: Path, settings: dict, sources: Sequence[Path] = ()) -> b
         manifest.get("format_version") == FORMAT_VERSION
         and manifest.get("settings") == settings
         and all((pairs_dir / f"{SPLIT_FILES[s]}.{lang}").is_file() for s in debian.SPLITS for lang in LANGUAGES)
-        and (not sources or [s["sha256"] for s in manifest.get("sources", [])] == [debian.sha256_of(f) for f in sources])
+        and (not sources or [s["sha256"] for s in manifest.get("sources", [])] == [sha256_of(f) for f in sources])
     )
 
 
@@ -195,8 +197,8 @@ def _write(pairs_dir: Path, splits: dict, counts: dict, settings: dict, sources:
     for split, rows in splits.items():
         for column, suffix in enumerate(("package", "de", "en")):
             path = pairs_dir / f"{SPLIT_FILES[split]}.{suffix}"
-            debian.atomic_write_text(path, "".join(row[column] + "\n" for row in rows))
-            outputs.append({"name": path.name, "lines": len(rows), "sha256": debian.sha256_of(path)})
+            atomic_write_text(path, "".join(row[column] + "\n" for row in rows))
+            outputs.append({"name": path.name, "lines": len(rows), "sha256": sha256_of(path)})
     per_split = {split: len(rows) for split, rows in splits.items()}
     words = {
         lang: sum(len(row[column].split()) for rows in splits.values() for row in rows)
@@ -205,7 +207,7 @@ def _write(pairs_dir: Path, splits: dict, counts: dict, settings: dict, sources:
     manifest = {
         "format_version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "sources": [{"name": f.name, "bytes": f.stat().st_size, "sha256": debian.sha256_of(f)} for f in sources],
+        "sources": [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_of(f)} for f in sources],
         "settings": settings,
         "split_rule": "sha256(family_of(package)) -> fractions (train, valid, test)",
         "pairs": sum(per_split.values()),
@@ -215,7 +217,7 @@ def _write(pairs_dir: Path, splits: dict, counts: dict, settings: dict, sources:
         "outputs": outputs,
     }
     # Written last: its presence (with matching settings) marks the pairs as complete.
-    debian.atomic_write_text(pairs_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(pairs_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     print(f"[mt] wrote {manifest['pairs']} pairs {per_split} ({words} words) to {pairs_dir}", flush=True)
     print(f"[mt] pairing counts: {counts}", flush=True)
 

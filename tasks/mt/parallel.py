@@ -67,6 +67,12 @@ def existing_split_files(data_dir: str | Path, split: str, src: str, tgt: str) -
     return paths
 
 
+def require_layout(data_dir: str | Path, src: str, tgt: str) -> None:
+    """DataError naming every missing file of the three splits at once."""
+    paths = [path for split in SPLIT_FILES for path in split_files(data_dir, split, src, tgt)]
+    require_files(paths, _missing_hint(src, tgt))
+
+
 def read_split(
     data_dir: str | Path,
     split: str,

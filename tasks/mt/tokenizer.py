@@ -19,15 +19,14 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from attnlab.errors import ConfigError, DataError
-from tasks.common.debian import sha256_of
+from attnlab.files import atomic_write
+from tasks.common.files import sha256_of
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
@@ -99,10 +98,8 @@ def load_or_train(
             if not path.is_file():
                 print(f"[mt] training a joint BPE of {vocab_size} entries into {path}", flush=True)
                 tokenizer = train_bpe(texts(), vocab_size, min_frequency)
-                fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{path.name}.", suffix=".tmp")
-                os.close(fd)
-                tokenizer.save(tmp)
-                os.replace(tmp, path)
+                with atomic_write(path, "w") as f:  # what tokenizer.save(path) writes
+                    f.write(tokenizer.to_str(pretty=True))
     return load(path), path
 
 

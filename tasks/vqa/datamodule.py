@@ -21,18 +21,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from attnlab.errors import ConfigError, DataError, require_dir, require_file
-from attnlab.sampling import EpochSeededSampler
-from tasks.vqa import synthetic
+from tasks.common.datamodule import SplitsDataModule
+from tasks.vqa import synthetic, synthetic_questions
+from tasks.vqa.dataset import MMFStore, RawSplit, SyntheticStore, VQADataset, batch_as_is
 from tasks.vqa.metric import VQAAccuracy, answer_scores, normalize_answer
 from tasks.vqa.vqav2 import MMFFeatures, read_split
 
@@ -42,117 +39,7 @@ VQAV2_ANSWER_TYPES = ("yes/no", "number", "other")
 MAX_TARGETS = 10
 
 
-@dataclass
-class RawSplit:
-    """One split before encoding: strings, plus where each question's image features are."""
-
-    questions: list[str]
-    answers: list[list[str]]
-    question_types: list[str]
-    image_keys: np.ndarray  # per question: its image's key in the feature store
-    store: Any  # SyntheticStore | MMFStore
-    hidden: np.ndarray | None = None  # synthetic: answer depends on objects the primary misses
-
-
-class SyntheticStore:
-    """The generated features, held in memory (float16) and converted per batch."""
-
-    def __init__(
-        self,
-        features: np.ndarray,
-        bbox: np.ndarray,
-        num_boxes: np.ndarray,
-        box_kind: np.ndarray | None = None,
-    ) -> None:
-        self.features = torch.from_numpy(features)
-        self.bbox = torch.from_numpy(bbox)
-        self.num_boxes = torch.from_numpy(num_boxes.astype(np.int64))
-        self.box_kind = None if box_kind is None else torch.from_numpy(box_kind)
-
-    @property
-    def feature_dim(self) -> int:
-        return self.features.shape[-1]
-
-    def batch(self, keys: np.ndarray):
-        idx = torch.from_numpy(np.asarray(keys, dtype=np.int64))
-        return self.features[idx].float(), self.bbox[idx].float(), self.num_boxes[idx]
-
-
-class MMFStore:
-    """Real per-image feature files (read when a batch needs them)."""
-
-    def __init__(self, features: MMFFeatures) -> None:
-        self.files = features
-
-    @property
-    def feature_dim(self) -> int:
-        return self.files.feature_dim
-
-    def batch(self, keys: np.ndarray):
-        loaded = [self.files.load(int(k)) for k in keys]
-        return tuple(torch.from_numpy(np.stack(parts)) for parts in zip(*loaded))
-
-
-class VQADataset(Dataset):
-    """Encoded questions of one split; `__getitems__` builds a whole batch at once."""
-
-    def __init__(
-        self,
-        split: RawSplit,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        answer_ids: torch.Tensor,
-        answer_scores: torch.Tensor,
-        type_ids: torch.Tensor,
-        num_answers: int,
-        box_coords: bool,
-    ) -> None:
-        self.split = split
-        self.tokens, self.lengths = tokens, lengths
-        # Sparse targets (answer index, score), -1 = none: dense (Q x A) would not fit for VQA-v2.
-        self.answer_ids, self.answer_scores = answer_ids, answer_scores
-        self.type_ids = type_ids
-        self.num_answers = num_answers
-        self.box_coords = box_coords
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
-
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        idx = torch.as_tensor(list(indices), dtype=torch.long)
-        features, bbox, num_boxes = self.split.store.batch(self.split.image_keys[idx.numpy()])
-        if self.box_coords:  # where the box is: what lets the fusion match boxes across views
-            features = torch.cat([features, bbox], dim=-1)
-        n_boxes = features.shape[2]
-        box_mask = torch.arange(n_boxes)[None, None, :] >= num_boxes[:, :, None]
-        ids, scores = self.answer_ids[idx], self.answer_scores[idx]
-        dense = torch.zeros(len(idx), self.num_answers + 1)
-        dense.scatter_(1, ids.clamp(min=-1) % (self.num_answers + 1), scores)  # -1 -> spare column
-        batch = {
-            "features": features,
-            "box_mask": box_mask,
-            "question": self.tokens[idx],
-            "question_length": self.lengths[idx],
-            "scores": dense[:, : self.num_answers],
-            "question_type": self.type_ids[idx],
-        }
-        if self.split.hidden is not None:
-            batch["hidden"] = torch.from_numpy(self.split.hidden[idx.numpy()])
-        box_kind = getattr(self.split.store, "box_kind", None)
-        if box_kind is not None:
-            batch["box_kind"] = box_kind[torch.from_numpy(self.split.image_keys[idx.numpy()])]
-        return batch
-
-
-def _batch_as_is(batch):
-    """collate_fn: `__getitems__` already returns a collated batch."""
-    return batch
-
-
-class VQADataModule(pl.LightningDataModule):
+class VQADataModule(SplitsDataModule):
     def __init__(
         self,
         data_dir: str,
@@ -167,16 +54,14 @@ class VQADataModule(pl.LightningDataModule):
         max_boxes: int = 100,
         box_coords: bool = True,
     ) -> None:
-        super().__init__()
+        # no seed: the training order follows the run's seed (seed_everything)
+        super().__init__(batch_as_is, batch_size, eval_batch_size, num_workers)
         self.data_dir = Path(data_dir)
         self.source = str(source)
         if self.source not in ("synthetic", "vqav2"):
             raise ConfigError(f"task.source={self.source!r}; use synthetic (default) or vqav2")
         self.synthetic_params = synthetic_params(synthetic, max_boxes)
         self.vqav2 = _plain(vqav2) or {}
-        self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
-        self.num_workers = int(num_workers)
         self.max_question_length = int(max_question_length)
         self.answer_vocab_size = int(answer_vocab_size)
         self.max_boxes = int(max_boxes)
@@ -221,7 +106,7 @@ class VQADataModule(pl.LightningDataModule):
 
     def _read_synthetic(self) -> dict[str, RawSplit]:
         arrays = synthetic.load_or_rebuild(self.data_dir, self.synthetic_params)
-        self.question_types = list(synthetic.QUESTION_TYPES)
+        self.question_types = list(synthetic_questions.QUESTION_TYPES)
         raw = {}
         for split in synthetic.SPLITS:
             store = SyntheticStore(
@@ -337,27 +222,8 @@ class VQADataModule(pl.LightningDataModule):
         metric.update(torch.tensor(best), dense[:, :-1], target.type_ids)
         return {k: float(v) for k, v in metric.compute().items() if not torch.isnan(v)}
 
-    # --- loaders -----------------------------------------------------------------------------
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            # order depends only on (seed, epoch): a resumed run sees the same batches
-            sampler=EpochSeededSampler(len(self.datasets[split])) if shuffle else None,
-            num_workers=self.num_workers,
-            collate_fn=_batch_as_is,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def split_data(self, split: str) -> VQADataset:
+        return self.datasets[split]
 
 
 def build_tokenizer(questions: Sequence[str], max_length: int):

@@ -53,7 +53,7 @@ class MultiViewFusion(nn.Module):
         super().__init__()
         if not 0 <= primary_view < num_views:
             raise ConfigError(
-                f"task.primary_view={primary_view} but the data has {num_views} views"
+                f"task.module.net.primary_view={primary_view} but the data has {num_views} views"
             )
         if num_views < 2:
             raise ConfigError("attention fusion needs at least 2 views; use task.fusion=primary")
@@ -66,7 +66,7 @@ class MultiViewFusion(nn.Module):
             for _ in self.secondary_views
         )
         if init not in ("similarity", "random"):
-            raise ConfigError(f"task.module.fusion_init={init!r}; use similarity or random")
+            raise ConfigError(f"task.module.net.fusion_init={init!r}; use similarity or random")
         if init == "similarity":
             with torch.no_grad():
                 for attention in self.attention:
@@ -113,11 +113,11 @@ class QuestionEncoder(nn.Module):
     ) -> None:
         super().__init__()
         if rnn not in ("gru", "lstm"):
-            raise ConfigError(f"task.module.rnn={rnn!r}; use gru or lstm")
+            raise ConfigError(f"task.module.net.rnn={rnn!r}; use gru or lstm")
         if bidirectional and hidden_dim % 2:
             raise ConfigError(
                 f"a bidirectional question encoder splits hidden_dim={hidden_dim} over two "
-                f"directions; use an even task.module.hidden_dim"
+                f"directions; use an even task.module.net.hidden_dim"
             )
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
         self.rnn = (nn.GRU if rnn == "gru" else nn.LSTM)(
@@ -160,9 +160,12 @@ class TopDownAttention(nn.Module):
 
 
 class VQAModel(nn.Module):
+    """`attention`: the `model=` config (the fusion's scheme); sizes only the data know
+    (vocab_size, num_answers, feature_dim, num_views) come from the datamodule."""
+
     def __init__(
         self,
-        spec: AttentionSpec,
+        attention: AttentionSpec | dict | str,
         vocab_size: int,
         num_answers: int,
         feature_dim: int,
@@ -188,7 +191,7 @@ class VQAModel(nn.Module):
         self.primary_view = primary_view
         if fusion == "attention":
             self.fusion = MultiViewFusion(
-                feature_dim, num_views, spec, fusion_heads, fusion_dropout, primary_view,
+                feature_dim, num_views, AttentionSpec.from_config(attention), fusion_heads, fusion_dropout, primary_view,
                 fusion_init, fusion_init_scale,
             )
         else:  # the same box normalization as the fused path, so only the fusion differs

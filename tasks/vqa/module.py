@@ -19,14 +19,14 @@ benchmark, yes_no/number/other on VQA-v2). On the synthetic benchmark also:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention import AttentionSpec, ColumnStats, record_attention
+from attnlab.attention import ColumnStats, record_attention
+from attnlab.task_module import TaskModule
 from tasks.vqa.metric import VQAAccuracy
 from tasks.vqa.model import VQAModel
 from tasks.vqa.synthetic import BOX_KINDS
@@ -35,66 +35,28 @@ from tasks.vqa.synthetic import BOX_KINDS
 VISIBILITY = ("visible", "hidden")
 
 
-class VQAModule(pl.LightningModule):
+class VQAModule(TaskModule):
+    """The network (`tasks.vqa.model.VQAModel`) and optimizer come injected (task.module.net,
+    task.module.optimizer); the data's question types name the per-type accuracies."""
+
     def __init__(
         self,
-        attention: Any,
-        vocab_size: int,
-        num_answers: int,
-        feature_dim: int,
-        num_views: int,
+        net: VQAModel,
+        optimizer: Callable[..., Any],
+        scheduler: Callable | None = None,
+        hybrid_lr: float | None = None,
         question_types: Sequence[str] = (),
-        fusion: str = "attention",
-        primary_view: int = 0,
-        fusion_heads: int = 1,
-        fusion_dropout: float = 0.1,
-        fusion_init: str = "similarity",
-        fusion_init_scale: float = 1.0,
-        embed_dim: int = 64,
-        hidden_dim: int = 128,
-        attention_dim: int = 128,
-        glimpses: int = 2,
-        rnn: str = "gru",
-        bidirectional: bool = True,
-        dropout: float = 0.2,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.spec = AttentionSpec.from_config(attention)
-        self.model = VQAModel(
-            self.spec,
-            vocab_size=vocab_size,
-            num_answers=num_answers,
-            feature_dim=feature_dim,
-            num_views=num_views,
-            fusion=fusion,
-            primary_view=primary_view,
-            fusion_heads=fusion_heads,
-            fusion_dropout=fusion_dropout,
-            fusion_init=fusion_init,
-            fusion_init_scale=fusion_init_scale,
-            embed_dim=embed_dim,
-            hidden_dim=hidden_dim,
-            attention_dim=attention_dim,
-            glimpses=glimpses,
-            rnn=rnn,
-            bidirectional=bidirectional,
-            dropout=dropout,
-        )
+        super().__init__(net, optimizer, scheduler, hybrid_lr)
         self.question_types = list(question_types)
         self.val_acc = VQAAccuracy(self.question_types)
         self.test_acc = VQAAccuracy(self.question_types)
         self.val_visibility = VQAAccuracy(VISIBILITY)
         self.test_visibility = VQAAccuracy(VISIBILITY)
-        fusion_layers = len(self.model.fusion.attention) if fusion == "attention" else 0
-        self.test_columns = torch.nn.ModuleList(
-            ColumnStats(BOX_KINDS) for _ in range(fusion_layers)
-        )
+        self.test_columns = torch.nn.ModuleList(ColumnStats(BOX_KINDS) for _ in self._fusion_layers())
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(
+        return self.net(
             batch["features"], batch["box_mask"], batch["question"], batch["question_length"]
         )
 
@@ -102,7 +64,7 @@ class VQAModule(pl.LightningModule):
         # BCE over answers on soft scores, summed over the vocabulary (the VQA/Pythia "logit BCE").
         return F.binary_cross_entropy_with_logits(logits, scores) * scores.shape[1]
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def task_loss(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(self(batch), batch["scores"])
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["scores"]))
         return loss
@@ -123,14 +85,14 @@ class VQAModule(pl.LightningModule):
         self.log("val/loss", loss, batch_size=len(batch["scores"]), sync_dist=True)
 
     def _fusion_layers(self) -> list:
-        return list(self.model.fusion.attention) if self.model.fusion_mode == "attention" else []
+        return list(self.net.fusion.attention) if self.net.fusion_mode == "attention" else []
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         layers = self._fusion_layers()
         with record_attention(layers) as recorder:  # every test batch, whatever callbacks record
             logits = self(batch)
         self._evaluate(batch, self.test_acc, self.test_visibility, logits)
-        views = self.model.fusion.secondary_views if layers else []
+        views = self.net.fusion.secondary_views if layers else []
         for l, (stats, view) in enumerate(zip(self.test_columns, views)):
             record = recorder.records[str(l)]
             box_kind = batch["box_kind"][:, view] if "box_kind" in batch else None
@@ -160,14 +122,3 @@ class VQAModule(pl.LightningModule):
         if datamodule is not None and hasattr(datamodule, "question_prior"):
             for name, value in datamodule.question_prior("test").items():
                 self.log(f"test/prior_{name}", value)
-
-    def configure_optimizers(self):
-        # No weight decay on vectors (biases, LayerNorm, the HNAS logit of u): decay would pull u
-        # towards 0.5 and bias the measurement of where HNAS wants to go.
-        matrices = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        vectors = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        groups = [
-            {"params": matrices, "weight_decay": self.hparams.weight_decay},
-            {"params": vectors, "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(groups, lr=self.hparams.lr)

@@ -15,7 +15,8 @@ from helpers.kernel_cases import RecordShapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention import attend, attention_weights, fused, reference_attend
+from attnlab.attention import attend, attention_weights, reference_attend
+from attnlab.attention.kernels import fused
 from attnlab.attention.schemes import NORMALIZERS
 from attnlab.errors import ConfigError
 
@@ -298,7 +299,7 @@ def _check_attend_is_finite(p):
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
 def test_backward_in_batch_chunks_matches_reference(scheme, monkeypatch):
     """Composed path: large inputs run the backward over batch chunks; force one item per chunk."""
-    from attnlab.attention import composed
+    from attnlab.attention.kernels import composed
 
     monkeypatch.setattr(composed, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fused, "load", lambda: False)
@@ -314,7 +315,7 @@ def test_backward_in_batch_chunks_matches_reference(scheme, monkeypatch):
 
 def test_hnas_backward_without_the_folded_c_gradient(monkeypatch):
     """Composed path: extreme logit ranges switch the HNAS backward to the extra forward pass."""
-    from attnlab.attention import composed
+    from attnlab.attention.kernels import composed
 
     monkeypatch.setattr(composed, "FOLD_MAX_RANGE", -1.0)
     monkeypatch.setattr(fused, "load", lambda: False)
@@ -346,7 +347,8 @@ def test_fused_kernel_memory_is_linear_in_sequence_length():
     """
     script = textwrap.dedent("""
         import resource, torch
-        from attnlab.attention import attend, fused
+        from attnlab.attention import attend
+        from attnlab.attention.kernels import fused
         assert fused.load()
         torch.set_num_threads(1)
         def run(S):

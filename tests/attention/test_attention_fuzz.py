@@ -21,8 +21,8 @@ from helpers.kernel_cases import leaf, reference_out
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention import attend, fused
-from attnlab.attention.kernels import dropout, sdpa
+from attnlab.attention import attend
+from attnlab.attention.kernels import dropout, fused, sdpa
 
 LENGTHS = [1, 7, 63, 64, 65, 127, 128, 129, 300, 512]
 

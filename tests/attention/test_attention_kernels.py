@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers.kernel_cases import RecordShapes, leaf, out_and_grads, padded_problem, reference_out
 
-from attnlab.attention import MultiHeadAttention, Normalizer, attend, fused, paths
+from attnlab.attention import MultiHeadAttention, Normalizer, attend, paths
 from attnlab.attention.functional import route
-from attnlab.attention.kernels import dropout, sdpa, triton_query_normalized
+from attnlab.attention.kernels import dropout, fused, sdpa, triton_query_normalized
 
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
 
@@ -189,7 +189,8 @@ def test_cpu_kernel_memory_with_dropout_is_linear_in_sequence_length():
     float32 matrix (36 MiB)."""
     script = textwrap.dedent("""
         import resource, torch
-        from attnlab.attention import attend, fused
+        from attnlab.attention import attend
+        from attnlab.attention.kernels import fused
         assert fused.load()
         torch.set_num_threads(1)
         def run(S):

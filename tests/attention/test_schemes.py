@@ -106,7 +106,7 @@ def test_scheme_parameters_are_found_by_type():
 
     mixers = dict(scheme_parameters(layers, LogitTransform))
     assert mixers and all(".transform.mixer." in n and n.startswith("1.") for n in mixers)
-    from tasks.common.optim import parameter_groups
+    from attnlab.task_module import parameter_groups
 
     groups = parameter_groups(layers, weight_decay=0.01, lr=1e-3, hybrid_lr=0.05)
     assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0

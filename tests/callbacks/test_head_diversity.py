@@ -10,9 +10,10 @@ from scipy.spatial.distance import jensenshannon
 from torch.utils.data import DataLoader, TensorDataset
 
 from attnlab.attention import MultiHeadAttention, record_attention
-from attnlab.callbacks import HeadDiversity, HeadImportance
-from attnlab.callbacks.head_diversity import head_distance_sum, jsd_matrix, valid_rows
+from attnlab.attention.statistics import head_distance_sum, jsd_matrix, valid_rows
+from attnlab.callbacks import AfterTestAnalysis, HeadDiversity, HeadImportance
 from attnlab.callbacks.head_importance import masked_head
+from attnlab.errors import ConfigError
 
 
 def test_jsd_of_identical_heads_is_zero_and_of_disjoint_one_hot_heads_is_log2():
@@ -148,6 +149,38 @@ def test_head_importance_finds_the_head_that_matters(tmp_path):
     assert summary["head_importance/base"] == pytest.approx(0.0, abs=1e-9)
     assert summary["head_importance/max_drop"] == pytest.approx(drops[0])
     assert module.trainer is trainer and (tmp_path / "head_importance.png").is_file()
+
+
+def test_head_importance_keeps_to_its_budget_says_so_and_shows_progress(tmp_path, capsys):
+    """max_heads=1 of 2 heads: one seeded sample, one line naming what was left out and how to
+    measure all, a progress bar over base + masked heads; the module and datamodule keep the run's
+    trainer (the evaluator attaches to a shallow copy)."""
+    module, cb = AttnModule(), HeadImportance(max_heads=1, max_batches=1, seed=0)
+    assert isinstance(cb, AfterTestAnalysis)
+    datamodule = pl.LightningDataModule.from_datasets(val_dataset=TensorDataset(torch.zeros(2, 1)))
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, callbacks=[cb],
+                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+                         accelerator="cpu")
+    trainer.fit(module)
+    datamodule.trainer = trainer
+    capsys.readouterr()
+    summary = cb.after_test(trainer, module, datamodule, "val/score", "max")
+    out = capsys.readouterr().out
+    assert ("head importance: 1 of 2 heads (a sample, seed 0; callbacks.head_importance.max_heads="
+            "null measures all)") in out
+    assert "2/2" in out  # the progress bar: the unmasked validation and one masked head
+    rows = (tmp_path / "head_importance.csv").read_text().splitlines()
+    assert len(rows) == 2 and summary["head_importance/max_drop"] == float(rows[1].split(",")[-1])
+    assert module.trainer is trainer and datamodule.trainer is trainer
+    every = HeadImportance(max_heads=None).chosen_heads([(0, "0", module.multi)])
+    assert every == ([(0, "0", module.multi, 0), (0, "0", module.multi, 1)], 2)
+
+
+def test_head_importance_budget_options_are_checked():
+    with pytest.raises(ConfigError, match="max_heads=0"):
+        HeadImportance(max_heads=0)
+    with pytest.raises(ConfigError, match="max_batches=-1"):
+        HeadImportance(max_batches=-1)
 
 
 class Consumer(AttnModule):

@@ -1,5 +1,6 @@
 """Repulsive attention (SVGD / SPOS over per-head particles) and the MA+R regularizer."""
 
+import functools
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from attnlab.callbacks.repulsive import (
     svgd_gradient,
 )
 from attnlab.errors import ConfigError
+from attnlab.task_module import TaskModule
 
 THETA = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
 GRAD = torch.tensor([[0.5, -1.0], [2.0, 0.25], [-0.75, 1.5]], dtype=torch.float64)
@@ -189,22 +191,22 @@ def test_disagreement_of_identical_and_orthogonal_heads():
     assert disagreement(padded).item() == pytest.approx(0.5)
 
 
-class TinyModule(pl.LightningModule):
+class TinyModule(TaskModule):
     def __init__(self):
-        super().__init__()
         torch.manual_seed(0)
-        self.attn = MultiHeadAttention(8, 2)
-        self.head = nn.Linear(8, 1)
+        super().__init__(nn.ModuleDict({"attn": MultiHeadAttention(8, 2), "head": nn.Linear(8, 1)}),
+                         optimizer=functools.partial(torch.optim.SGD, lr=1.0))
         self.x = torch.randn(4, 5, 8)
 
-    def training_step(self, batch, batch_idx):
-        return self.head(self.attn(self.x)).square().mean()
+    @property
+    def attn(self) -> MultiHeadAttention:
+        return self.net["attn"]
+
+    def task_loss(self, batch, batch_idx):
+        return self.net["head"](self.attn(self.x)).square().mean()
 
     def train_dataloader(self):
         return [0, 1]
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1.0)
 
 
 class Spy(pl.Callback):
@@ -247,4 +249,27 @@ def test_mar_adds_the_disagreement_to_the_loss():
         penalty = disagreement(merged[0].view(4, 5, 2, 4))
     fit(module, spy, DisagreementRegularizer(weight=0.5))
     torch.testing.assert_close(spy.losses[0], plain + 0.5 * penalty)
-    assert "training_step" not in module.__dict__  # unwrapped after fit
+    assert "training_step" not in module.__dict__  # the module's own method, never replaced
+    assert not module._loss_terms  # the term is registered for the fit only
+
+
+class PlainModule(pl.LightningModule):
+    """A task module that is not a TaskModule: it has no loss terms to add to."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = MultiHeadAttention(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        return self.attn(torch.randn(1, 3, 8)).sum()
+
+    def train_dataloader(self):
+        return [0]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+def test_mar_on_a_module_without_loss_terms_is_a_config_error():
+    with pytest.raises(ConfigError, match="PlainModule is not a TaskModule"):
+        fit(PlainModule(), DisagreementRegularizer(weight=0.5))

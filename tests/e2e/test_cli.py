@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from helpers.cards import TINY
+from helpers.cards import CARDS, TINY
 from helpers.cli import QUIET, cli_env, metrics_files, run_cli
 from helpers.paths import ROOT
 
@@ -18,14 +18,11 @@ TASKS = [t for t, overrides in TINY.items() if overrides]
 
 def accepted_schemes(task: str) -> tuple[list[str], list[str]]:
     """Every registered scheme, split into those the task runs and those it refuses: a task whose
-    scheme sits in causal attention (`task.causal`) refuses query-normalized schemes, by the
+    scheme sits in causal attention (its card's `causal`) refuses query-normalized schemes, by the
     scheme's own property."""
-    from hydra import compose, initialize_config_dir
-
     from attnlab.attention import AttentionSpec, names
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        causal = bool(compose("train", overrides=[f"task={task}"]).task.get("causal", False))
+    causal = CARDS[task].causal
     refused = [n for n in names() if causal and AttentionSpec.from_config(n).normalizes_over_queries]
     return [n for n in names() if n not in refused], refused
 

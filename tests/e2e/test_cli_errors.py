@@ -1,5 +1,5 @@
-"""Every bad input ends in one clear line and exit code 2 (tests/error_cases.py lists them, and
-README's table "What goes wrong, and what you see" shows what each prints).
+"""Every bad input ends in one clear line and exit code 2 (tests/helpers/error_cases.py lists them,
+and the table of docs/errors.md shows what each prints).
 
 The CLI entry runs in this process (tests/conftest.py: run_app): Hydra, attnlab.cli and the
 runner as the shell would run them, without paying the imports of a new process per case. A few
@@ -9,7 +9,7 @@ real subprocess runs prove the same end to end.
 import pytest
 from helpers.cards import TINY
 from helpers.cli import QUIET, run_app, run_cli
-from helpers.error_cases import CASES, README, make_files, readme_row, run_case, shown
+from helpers.error_cases import CASES, ERRORS_DOC, doc_row, make_files, run_case, shown
 from helpers.paths import ROOT
 
 
@@ -34,8 +34,8 @@ def test_bad_input_is_one_clear_line(case, bad_files, env):
     assert len(errors) == 1, result.stderr
     assert case.names.replace("{tmp}", str(bad_files)) in errors[0]
     assert "Traceback" not in result.stderr
-    # the README shows exactly this line (regenerate with `python tests/error_cases.py`)
-    assert readme_row(case, shown(errors[0], bad_files)) in README.read_text(), errors[0]
+    # docs/errors.md shows exactly this line (PYTHONPATH=tests python -m helpers.error_cases)
+    assert doc_row(case, shown(errors[0], bad_files)) in ERRORS_DOC.read_text(), errors[0]
 
 
 def test_enough_cases():
@@ -43,7 +43,7 @@ def test_enough_cases():
 
 
 def test_full_error_shows_the_traceback(bad_files, env):
-    result = run_app(["task.module.lr=-1", *QUIET], {**env, "HYDRA_FULL_ERROR": "1"})
+    result = run_app(["task.module.optimizer.lr=-1", *QUIET], {**env, "HYDRA_FULL_ERROR": "1"})
     assert result.code != 2 and "Traceback" in result.stderr and "ConfigError" in result.stderr
 
 

@@ -34,8 +34,8 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
 
 
 def test_eval_reloads_a_coda_checkpoint(tmp_path, data_dir):
-    """eval.py (load_from_checkpoint) rebuilds the cascade (head MLPs from layer 2 on) and reproduces
-    the run's test metric."""
+    """eval.py (the module from the run's config, then the weights) rebuilds the cascade (head MLPs
+    from layer 2 on) and reproduces the run's test metric."""
     run_cli(["task=mlm", "model=coda", *TINY["mlm"], *QUIET, "~callbacks.head_importance"], tmp_path, data_dir)
     [run] = metrics_files(tmp_path / "outputs")
     best = next((run["_dir"] / "checkpoints").glob("best-*.ckpt"))

@@ -112,20 +112,20 @@ def test_a_failing_logger_warns_once_and_the_run_goes_on(tmp_path, data_dir):
 def test_a_failed_sweep_job_does_not_stop_the_others(tmp_path, data_dir):
     """The second job fails its validation (lr=-1), the others run; a job whose process died
     (metrics.json still says running, its pid is gone) is reported as killed."""
-    proc = run_cli(["-m", "task=vqa", "task.module.lr=-1,0.003", *TINY["vqa"], *QUIET, "debug=fast"],
+    proc = run_cli(["-m", "task=vqa", "task.module.optimizer.lr=-1,0.003", *TINY["vqa"], *QUIET, "debug=fast"],
                    tmp_path, data_dir)
     (sweep,) = (tmp_path / "outputs" / "multirun").iterdir()
     jobs = {tuple(r["overrides"]): r for r in metrics_files(sweep)}
     assert sorted(r["status"] for r in jobs.values()) == ["failed", "ok"], proc.stdout[-2000:]
     failed = next(r for r in jobs.values() if r["status"] == "failed")
-    assert "task.module.lr=-1" in failed["error"]
+    assert "task.module.optimizer.lr=-1" in failed["error"]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     ghost = sweep / "9_vqa_unas_seed42"
     ghost.mkdir()
     (ghost / "metrics.json").write_text(json.dumps({
         "status": "running", "pid": dead.pid, "host": socket.gethostname(), "task": "vqa", "model": "unas",
-        "seed": 42, "overrides": ["task.module.lr=0.001"], "metrics": {}}))
+        "seed": 42, "overrides": ["task.module.optimizer.lr=0.001"], "metrics": {}}))
     out = subprocess.run([sys.executable, "-m", "attnlab.report", str(sweep)], capture_output=True, text=True,
                          env=cli_env(tmp_path, data_dir), check=True).stdout
     assert f"failed: {failed['_dir']}" in out and f"killed: {ghost}" in out

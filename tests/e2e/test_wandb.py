@@ -28,7 +28,7 @@ WANDB = [sys.executable, "-m", "wandb"]
 COMMON = ["logger=wandb", "callbacks.progress_bar=null", "trainer.enable_model_summary=false",
           "trainer.log_every_n_steps=1", "callbacks.hybrid_weights.every_n_steps=1",
           "callbacks.head_importance.max_batches=1"]
-VQA = ["task=vqa", *TINY["vqa"], "model=hnas", *COMMON, "task.module.fusion_heads=2", "trainer.max_epochs=2",
+VQA = ["task=vqa", *TINY["vqa"], "model=hnas", *COMMON, "task.module.net.fusion_heads=2", "trainer.max_epochs=2",
        "logger.wandb.log_model=best"]
 
 

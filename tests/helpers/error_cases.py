@@ -1,11 +1,15 @@
-"""Bad inputs and faults, with what the user sees: the test data of test_cli_errors.py and
-test_faults.py, and the source of README's table "What goes wrong, and what you see".
+"""Bad inputs and faults, with what the user sees: the test data of e2e/test_cli_errors.py and
+e2e/test_faults.py, and the source of the tables of docs/errors.md.
 
-    python tests/error_cases.py          # run every case and rewrite that README table
+    PYTHONPATH=tests python -m helpers.error_cases     # from the repository root: run every case
+                                                       # and rewrite those tables
+
+(From the root, so that `tasks` is this checkout's package and not the folder tests/tasks/.)
 
 A case's `args` are what the user types after `python train.py` (or eval.py); `{tmp}` is a folder
 that `make_files` fills with bad files. The test asserts exit code 2, one `error:` line that
-contains `names` (the key or the file), no traceback, and the README row with that very line.
+contains `names` (the key or the file), no traceback, and the docs/errors.md row with that very
+line.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 from helpers.paths import ROOT
 
-README = ROOT / "README.md"
+# the page that shows every case and fault (between the markers)
+ERRORS_DOC = ROOT / "docs" / "errors.md"
 BEGIN, END = "<!-- error-table:begin -->", "<!-- error-table:end -->"
 
 
@@ -36,11 +41,11 @@ CASES: list[Case] = [
     Case("an option that does not exist", ("model=nope",), "model=nope"),
     Case("a task that does not exist", ("task=nope",), "task=nope"),
     Case("a mistyped Trainer argument", ("trainer.max_step=40",), "trainer.max_step=40"),
-    Case("a mistyped task option", ("task.module.lrr=0.1",), "task.module.lrr=0.1"),
+    Case("a mistyped task option", ("task.module.optimizer.lrr=0.1",), "task.module.optimizer.lrr=0.1"),
     Case("a mistyped callback argument", ("callbacks.hybrid_weights.every_n_step=5",),
          "callbacks.hybrid_weights.every_n_step"),
     Case("a mistyped logger argument", ("logger=csv", "logger.csv.flush_every=5"), "logger.csv.flush_every"),
-    Case("an argument the class does not take, added with +", ("+task.module.foo=1",), "task.module.foo"),
+    Case("an argument the class does not take, added with +", ("+task.module.net.foo=1",), "task.module.net.foo"),
     Case("an override that does not parse", ("trainer.max_steps=[",), "trainer.max_steps=["),
     Case("an unset environment variable in the config", ("task.data_dir=${oc.env:ATTNLAB_NOT_SET}",),
          "ATTNLAB_NOT_SET"),
@@ -59,13 +64,13 @@ CASES: list[Case] = [
     # --- types and ranges: task and data
     Case("batch size 0", ("task.datamodule.batch_size=0",), "task.datamodule.batch_size=0"),
     Case("a word for the batch size", ("task.datamodule.batch_size=abc",), "task.datamodule.batch_size=abc"),
-    Case("a negative learning rate", ("task.module.lr=-1",), "task.module.lr=-1"),
-    Case("dropout above 1", ("task.module.dropout=1.5",), "task.module.dropout=1.5"),
+    Case("a negative learning rate", ("task.module.optimizer.lr=-1",), "task.module.optimizer.lr=-1"),
+    Case("dropout above 1", ("task.module.net.dropout=1.5",), "task.module.net.dropout=1.5"),
     Case("split fractions that do not sum to 1", ("task=mlm", "task.data.fractions=[0.5,0.6,0.2]"),
          "task.data.fractions"),
     Case("a sequence length of 0", ("task=mlm", "task.data.max_length=0"), "task.data.max_length=0"),
-    Case("a width the heads do not divide", ("task=mlm", "task.module.d_model=30", "task.module.nhead=4"),
-         "task.module.d_model=30"),
+    Case("a width the heads do not divide", ("task=mlm", "task.module.net.d_model=30", "task.module.net.nhead=4"),
+         "task.module.net.d_model=30"),
     Case("an unknown monitor mode", ("task.monitor_mode=maximum",), "task.monitor_mode=maximum"),
     Case("a word for the seed", ("seed=abc",), "seed=abc"),
     Case("an unknown data source (raised inside instantiation)", ("task.source=bogus",), "task.source"),
@@ -168,7 +173,7 @@ def command(case: Case) -> str:
 
 
 def shown(line: str, tmp: Path) -> str:
-    """An error line as the README shows it: the temp folder as <dir>, pipes escaped."""
+    """An error line as docs/errors.md shows it: the temp folder as <dir>, pipes escaped."""
     return line.replace(str(tmp), "<dir>").replace("|", "\\|")
 
 
@@ -177,23 +182,23 @@ def table(rows: dict[Case, str]) -> str:
     for case, line in rows.items():
         lines.append(f"| {case.what} | `{command(case)}` | {line} |")
     lines += ["", "| fault | what happens | tested by |", "|---|---|---|"]
-    lines += [f"| {what} | {behaviour} | `tests/{test}` |" for what, behaviour, test in FAULTS]
+    lines += [f"| {what} | {behaviour} | `tests/e2e/{test}` |" for what, behaviour, test in FAULTS]
     return "\n".join(lines)
 
 
-def readme_row(case: Case, line: str) -> str:
+def doc_row(case: Case, line: str) -> str:
     return f"| {case.what} | `{command(case)}` | {line} |"
 
 
-def write_readme(rows: dict[Case, str]) -> None:
-    text = README.read_text()
+def write_doc(rows: dict[Case, str]) -> None:
+    text = ERRORS_DOC.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    README.write_text(text[:start] + "\n" + table(rows) + "\n" + text[end:])
+    ERRORS_DOC.write_text(text[:start] + "\n" + table(rows) + "\n" + text[end:])
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import QUIET, TINY, run_app
+    from helpers.cards import TINY
+    from helpers.cli import QUIET, run_app
 
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -206,8 +211,8 @@ def main() -> int:
             errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
             rows[case] = shown(errors[0] if errors else f"(exit {result.code}, no error line)", tmp)
             print(f"{result.code} {case.what}: {rows[case]}")
-    write_readme(rows)
-    print(f"wrote {len(rows)} cases and {len(FAULTS)} faults into {README}")
+    write_doc(rows)
+    print(f"wrote {len(rows)} cases and {len(FAULTS)} faults into {ERRORS_DOC}")
     return 0
 
 

@@ -1,19 +1,77 @@
-"""`python -m attnlab.reproduce`: runs grouped into train.py sweeps, the explained-away reader,
-and the command end to end on one claim with real (tiny) training runs."""
+"""`python -m attnlab.reproduce`: claims and their tasks found from the task cards, runs grouped
+into train.py sweeps, the explained-away reader, and the command end to end on one claim with real
+(tiny) training runs."""
 
+import ast
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
-from helpers.paths import ROOT
+from helpers.paths import CONF, ROOT
 
-from attnlab.reproduce import CLAIMS
-from attnlab.reproduce.plan import Plan, Run, group_sweeps
+from attnlab.errors import ConfigError
+from attnlab.reproduce.plan import GENERIC_QUICK, Plan, Run, group_sweeps
+from attnlab.reproduce.registry import claims
 from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, NOT_RUN, Results, explained_away
+
+CLAIMS = claims(CONF)
+
+
+def write_card(conf: Path, name: str, claims_entry: str, in_quick: bool = False) -> None:
+    (conf / "task").mkdir(parents=True, exist_ok=True)
+    (conf / "task" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+        # @package _global_
+        task:
+          name: {name}
+          optimized_metric: val/acc
+          card:
+            reproduce:
+              claims: {claims_entry}
+              in_quick: {str(in_quick).lower()}
+        """))
+
+
+def test_claims_and_their_tasks_come_from_the_task_cards(tmp_path):
+    # VQA's own claim is named by its card and reported where the card lists it
+    assert list(CLAIMS) == ["mode_collapse", "explaining_away", "multiview_vqa", "hnas_u", "head_diversity"]
+    assert CLAIMS["multiview_vqa"].__name__ == "tasks.vqa.claim"
+    plan = Plan("quick", ROOT)
+    for name in ("explaining_away", "hnas_u", "head_diversity"):
+        assert plan.claim_tasks(name) == [t for t, card in plan.cards.items() if name in card.claims]
+        assert {r.task for r in CLAIMS[name].runs(plan)} == set(plan.claim_tasks(name)), name
+    # settings per mode: the card's quick overrides and paper preset
+    for task, card in plan.cards.items():
+        assert plan.task_overrides(task) == list(card.quick or GENERIC_QUICK)
+        if card.preset:
+            assert Plan("gpu", ROOT).task_overrides(task) == [f"experiment={card.preset}", "hardware=gpu"]
+    assert plan.quick_tasks == [t for t, card in plan.cards.items() if card.in_quick]
+    # a new task enters a claim with its card alone, and its own claim module is found by name
+    conf = tmp_path / "conf"
+    write_card(conf, "aaa", "[head_diversity]", in_quick=True)
+    write_card(conf, "zzz", "[explaining_away, tasks.vqa.claim, head_diversity]")
+    assert list(claims(conf)) == list(CLAIMS)
+    write_card(conf, "aaa", "[head_diversty]")
+    with pytest.raises(ConfigError, match="names 'head_diversty', no claim; use one of") as err:
+        claims(conf)
+    assert "\n" not in str(err.value)
+    write_card(conf, "aaa", "[tasks.aaa.claim]")
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        claims(conf)
+
+
+def test_the_library_never_imports_the_tasks():
+    """src/ -> tasks/ is never an import: the tasks hand the library what it needs (cards, names)."""
+    for path in sorted((ROOT / "src" / "attnlab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert not any(n == "tasks" or n.startswith("tasks.") for n in names), (path, node.lineno)
+        assert "sys.path" not in path.read_text(), path
 
 
 def test_runs_of_several_claims_share_sweeps_and_untrained_tasks_are_left_out(tmp_path):

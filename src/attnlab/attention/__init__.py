@@ -1,13 +1,15 @@
 """Attention schemes (UNAS, DNAS, HNAS, Sinkhorn, entmax; CODA, RealFormer), the functional API,
-modules, layers, stacks and recording.
+modules, layers, stacks, incremental decoding (KV caches) and recording.
 
 See docs/architecture.md for the contract of every public name.
 """
 
 from attnlab.attention.functional import attend, attention_weights, reference_attend
+from attnlab.attention.kv_cache import DecoderCache, KeyValues, KVCache, PrefixCache, cacheable
 from attnlab.attention.layers import StackCarry, TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.mha import MultiHeadAttention, attention_modules
-from attnlab.attention.recording import AttentionRecord, record_attention
+from attnlab.attention.record import AttentionRecord
+from attnlab.attention.recording import record_attention
 from attnlab.attention.schemes import (
     LogitTransform,
     Normalizer,
@@ -18,22 +20,27 @@ from attnlab.attention.schemes import (
 )
 from attnlab.attention.schemes.hnas import hybrid_u_per_layer
 from attnlab.attention.spec import AttentionSpec
-from attnlab.attention.stack import run_stack
+from attnlab.attention.stack import run_stack, step_stack
 from attnlab.attention.statistics import ColumnStats, column_sums
 
 __all__ = [
     "AttentionRecord",
     "AttentionSpec",
     "ColumnStats",
+    "DecoderCache",
+    "KVCache",
+    "KeyValues",
     "LogitTransform",
     "MultiHeadAttention",
     "Normalizer",
+    "PrefixCache",
     "StackCarry",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
     "attend",
     "attention_modules",
     "attention_weights",
+    "cacheable",
     "column_sums",
     "hybrid_u_per_layer",
     "names",
@@ -43,4 +50,5 @@ __all__ = [
     "register",
     "run_stack",
     "scheme_parameters",
+    "step_stack",
 ]

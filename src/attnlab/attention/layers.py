@@ -11,15 +11,23 @@ Cascade schemes (CODA, RealFormer) pass logits from layer to layer of a stack, e
 layer i of a stack with `layer_index=i` and run the stack with `attnlab.attention.run_stack`
 (or call `layer(x, ..., prev_logits=p, return_logits=True)` yourself: it returns the new x and
 the logits, a dict keyed by attention attribute, to hand to the next layer).
+
+Each layer also has its one-step form, `step(x, cache, index, ...)`: the newest position only,
+with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache), for incremental
+decoding; `forward` and `step` share the layer's body (`_blocks`) and differ only in how the
+attention gets its keys and values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from torch import Tensor, nn
 
+from attnlab.attention.kv_cache import DecoderCache, KVCache, cacheable
 from attnlab.attention.mha import MultiHeadAttention
+from attnlab.attention.schemes import TRANSFORMS
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
@@ -30,6 +38,7 @@ _ACTIVATIONS = {
 }
 
 Logits = dict[str, Tensor] | None  # cascade logits per attention attribute (None: nothing cascades)
+Attend = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # an attention on its input: (out, logits)
 
 
 class StackCarry(NamedTuple):
@@ -45,6 +54,17 @@ def make_activation(name: str) -> nn.Module:
     if name not in _ACTIVATIONS:
         raise ConfigError(f"unknown activation {name!r}; choose one of {', '.join(_ACTIVATIONS)}")
     return _ACTIVATIONS[name]()
+
+
+def _check_steppable(layer: nn.Module, carries_logits: bool) -> None:
+    if not cacheable([layer], cascades=carries_logits):
+        row_wise = ", ".join(name for name, cls in TRANSFORMS.items() if cls.row_wise)
+        raise ValueError(
+            f"incremental decoding needs attention without a cascade, or a row-wise cascade "
+            f"({row_wise}) stepped with return_logits=True and each layer's logits handed to the "
+            f"next as prev_logits (attnlab.attention.step_stack does it); other transforms decode "
+            f"by re-running the prefix (PrefixCache)"
+        )
 
 
 def _pick(prev_logits: Logits, name: str) -> Tensor | None:
@@ -92,31 +112,44 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
 
-    def _sa(self, x: Tensor, key_padding_mask: Tensor | None, prev: Tensor | None):
-        # Padded positions are padded queries too: they must stay out of DNAS column sums.
-        out, logits = self.self_attn(x, key_padding_mask=key_padding_mask,
-                                     query_padding_mask=key_padding_mask, causal=self.causal,
-                                     prev_logits=prev, return_logits=True)
-        return self.dropout1(out), logits
-
     def _ff(self, x: Tensor) -> Tensor:
         return self.dropout2(self.linear2(self.activation(self.linear1(x))))
+
+    def _blocks(self, x: Tensor, self_attention: Attend) -> tuple[Tensor, Logits]:
+        """The layer around its self-attention (`forward` and `step` differ only there)."""
+        if self.norm_first:
+            out, z = self_attention(self.norm1(x))
+            x = x + self.dropout1(out)
+            x = x + self._ff(self.norm2(x))
+        else:
+            out, z = self_attention(x)
+            x = self.norm1(x + self.dropout1(out))
+            x = self.norm2(x + self._ff(x))
+        return x, _passed(self_attn=z)
 
     def forward(self, x: Tensor | StackCarry, key_padding_mask: Tensor | None = None,
                 prev_logits: Logits = None, return_logits: bool = False):
         if isinstance(x, StackCarry):  # inside nn.Sequential
             out, logits = self(x.x, x.key_padding_mask, x.logits, return_logits=True)
             return StackCarry(out, x.key_padding_mask, logits)
-        prev = _pick(prev_logits, "self_attn")
-        if self.norm_first:
-            attn, z = self._sa(self.norm1(x), key_padding_mask, prev)
-            x = x + attn
-            x = x + self._ff(self.norm2(x))
-        else:
-            attn, z = self._sa(x, key_padding_mask, prev)
-            x = self.norm1(x + attn)
-            x = self.norm2(x + self._ff(x))
-        return (x, _passed(self_attn=z)) if return_logits else x
+        # Padded positions are padded queries too: they must stay out of DNAS column sums.
+        x, logits = self._blocks(x, lambda h: self.self_attn(
+            h, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask,
+            causal=self.causal, prev_logits=_pick(prev_logits, "self_attn"), return_logits=True))
+        return (x, logits) if return_logits else x
+
+    def step(self, x: Tensor, cache: KVCache, index: int, prev_logits: Logits = None,
+             return_logits: bool = False):
+        """A causal layer (a decoder-only stack) on the newest position only, x (B, 1, D) ->
+        (B, 1, D), with layer `index`'s keys/values in `cache`; with return_logits, also its row
+        of logits for the next layer (as `forward`). Eval mode; equals forward's last position."""
+        if not self.causal:
+            raise ValueError("incremental decoding needs causal self-attention: build the layer "
+                             "with causal=True")
+        _check_steppable(self, return_logits)
+        x, logits = self._blocks(x, lambda h: self.self_attn.step(
+            h, cache.self_attention(index), _pick(prev_logits, "self_attn")))
+        return (x, logits) if return_logits else x
 
 
 class TransformerDecoderLayer(nn.Module):
@@ -155,20 +188,25 @@ class TransformerDecoderLayer(nn.Module):
         self.activation = make_activation(activation)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
 
-    def _sa(self, x: Tensor, tgt_key_padding_mask: Tensor | None, prev: Tensor | None):
-        out, logits = self.self_attn(x, key_padding_mask=tgt_key_padding_mask,
-                                     query_padding_mask=tgt_key_padding_mask, causal=True,
-                                     prev_logits=prev, return_logits=True)
-        return self.dropout1(out), logits
-
-    def _ca(self, x, memory, tgt_key_padding_mask, memory_key_padding_mask, prev: Tensor | None):
-        out, logits = self.cross_attn(x, memory, key_padding_mask=memory_key_padding_mask,
-                                      query_padding_mask=tgt_key_padding_mask, prev_logits=prev,
-                                      return_logits=True)
-        return self.dropout2(out), logits
-
     def _ff(self, x: Tensor) -> Tensor:
         return self.dropout3(self.linear2(self.activation(self.linear1(x))))
+
+    def _blocks(self, x: Tensor, self_attention: Attend, cross_attention: Attend
+                ) -> tuple[Tensor, Logits]:
+        """The layer around its two attentions (`forward` and `step` differ only there)."""
+        if self.norm_first:
+            out, z_self = self_attention(self.norm1(x))
+            x = x + self.dropout1(out)
+            out, z_cross = cross_attention(self.norm2(x))
+            x = x + self.dropout2(out)
+            x = x + self._ff(self.norm3(x))
+        else:
+            out, z_self = self_attention(x)
+            x = self.norm1(x + self.dropout1(out))
+            out, z_cross = cross_attention(x)
+            x = self.norm2(x + self.dropout2(out))
+            x = self.norm3(x + self._ff(x))
+        return x, _passed(self_attn=z_self, cross_attn=z_cross)
 
     def forward(
         self,
@@ -179,18 +217,30 @@ class TransformerDecoderLayer(nn.Module):
         prev_logits: Logits = None,
         return_logits: bool = False,
     ):
-        prev_self, prev_cross = _pick(prev_logits, "self_attn"), _pick(prev_logits, "cross_attn")
-        if self.norm_first:
-            attn, z_self = self._sa(self.norm1(x), tgt_key_padding_mask, prev_self)
-            x = x + attn
-            attn, z_cross = self._ca(self.norm2(x), memory, tgt_key_padding_mask,
-                                     memory_key_padding_mask, prev_cross)
-            x = x + attn
-            x = x + self._ff(self.norm3(x))
-        else:
-            attn, z_self = self._sa(x, tgt_key_padding_mask, prev_self)
-            x = self.norm1(x + attn)
-            attn, z_cross = self._ca(x, memory, tgt_key_padding_mask, memory_key_padding_mask, prev_cross)
-            x = self.norm2(x + attn)
-            x = self.norm3(x + self._ff(x))
-        return (x, _passed(self_attn=z_self, cross_attn=z_cross)) if return_logits else x
+        x, logits = self._blocks(
+            x,
+            lambda h: self.self_attn(h, key_padding_mask=tgt_key_padding_mask,
+                                     query_padding_mask=tgt_key_padding_mask, causal=True,
+                                     prev_logits=_pick(prev_logits, "self_attn"), return_logits=True),
+            lambda h: self.cross_attn(h, memory, key_padding_mask=memory_key_padding_mask,
+                                      query_padding_mask=tgt_key_padding_mask,
+                                      prev_logits=_pick(prev_logits, "cross_attn"), return_logits=True),
+        )
+        return (x, logits) if return_logits else x
+
+    def step(self, x: Tensor, cache: DecoderCache, index: int, prev_logits: Logits = None,
+             return_logits: bool = False):
+        """This layer on the newest position only, x (B, 1, D) -> (B, 1, D), with layer `index`'s
+        self-attention keys/values and source keys/values in `cache` (`DecoderCache.start`); with
+        return_logits, also its rows of logits for the next layer (as `forward`). Eval mode;
+        equals forward's last position."""
+        _check_steppable(self, return_logits)
+        memory_keys, memory_values = cache.cross_attention(index)
+        x, logits = self._blocks(
+            x,
+            lambda h: self.self_attn.step(h, cache.self_attention(index), _pick(prev_logits, "self_attn")),
+            lambda h: self.cross_attn.attend_to(h, memory_keys, memory_values,
+                                                key_padding_mask=cache.memory_padding_mask,
+                                                prev_logits=_pick(prev_logits, "cross_attn")),
+        )
+        return (x, logits) if return_logits else x

@@ -3,14 +3,19 @@ logit transform), cascade logits passed explicitly, recording on request."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.recording import AttentionRecord
+from attnlab.attention.record import AttentionRecord
 from attnlab.attention.reference import masked_logits, valid_mask
 from attnlab.attention.schemes import apply_weights
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from attnlab.attention.kv_cache import KeyValues
 
 # parameter names of checkpoints written before the schemes owned their parameters
 _RENAMED = {"hybrid_logit": "normalizer.hybrid_logit", "cascade_mixer.": "transform.mixer."}
@@ -119,13 +124,54 @@ class MultiHeadAttention(nn.Module):
                 f"MultiHeadAttention takes batch-first (B, S, E) tensors, got query "
                 f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
             )
-        q = self._split(self.q_proj(query))
-        k = self._split(self.k_proj(key))
-        v = self._split(self.v_proj(value) if self.v_proj is not None else value)
-        out, logits = self.attend_heads(q, k, v, key_padding_mask, query_padding_mask, causal, prev_logits)
-        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
-        out = self.out_proj(out) if self.out_proj is not None else out
+        keys, values = self.keys_values(key, value)
+        out, logits = self.attend_to(query, keys, values, key_padding_mask, query_padding_mask, causal,
+                                     prev_logits)
         return (out, logits) if return_logits else out
+
+    def keys_values(self, key: Tensor, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The projected, split keys and values (B, H, S_k, d) of key (and value, default key)
+        (B, S_k, E): what a cache keeps."""
+        value = key if value is None else value
+        projected = self.v_proj(value) if self.v_proj is not None else value
+        return self._split(self.k_proj(key)), self._split(projected)
+
+    def attend_to(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        key_padding_mask: Tensor | None = None,
+        query_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        prev_logits: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """query (B, S_q, E) attending to projected keys/values (`keys_values`): the output
+        (B, S_q, out_dim) and the logits passed on in a cascade (or None)."""
+        q = self._split(self.q_proj(query))
+        out, logits = self.attend_heads(q, keys, values, key_padding_mask, query_padding_mask, causal,
+                                        prev_logits)
+        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
+        return (self.out_proj(out) if self.out_proj is not None else out), logits
+
+    # -- incremental decoding (attnlab.attention.kv_cache)
+    def can_step(self, carry_logits: bool = False) -> bool:
+        """Whether `step` can run this attention one position at a time on cached keys/values:
+        without a logit transform, or with a row-wise one when the caller carries the rows of
+        logits from layer to layer (carry_logits=True)."""
+        return self.transform is None or (carry_logits and self.transform.row_wise)
+
+    def step(self, x: Tensor, cache: KeyValues, prev_logits: Tensor | None = None
+             ) -> tuple[Tensor, Tensor | None]:
+        """Causal self-attention of the newest position x (B, 1, E) over every cached one (its
+        keys/values are added to `cache`): its output and, in a cascade, its row of logits
+        (B, H, 1, t) for the next layer. Equals the last row of the causal forward (eval mode)."""
+        if x.dim() != 3 or x.shape[1] != 1:
+            raise ValueError(f"an incremental step takes the newest position only, (B, 1, E); got "
+                             f"{tuple(x.shape)}: feed a prefix one position per step")
+        keys, values = cache.append(*self.keys_values(x))
+        # The newest position may see every cached one: causality holds without a mask.
+        return self.attend_to(x, keys, values, prev_logits=prev_logits)
 
     def attend_heads(
         self,
@@ -140,8 +186,8 @@ class MultiHeadAttention(nn.Module):
         """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
         and the logits passed on in a cascade (or None).
 
-        `forward` is projections + this + out_proj; incremental decoding calls it directly with
-        cached keys/values. Recording for analyses happens here.
+        `forward` is projections + this + out_proj (`keys_values` + `attend_to`); incremental
+        decoding runs it on cached keys/values. Recording for analyses happens here.
         """
         dropout_p = self.dropout if self.training else 0.0
         weights = logits = None

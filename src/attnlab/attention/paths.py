@@ -7,30 +7,24 @@ path, and finally its materialized reference. CPU paths compute in float32 (floa
 autocast off; CUDA paths take bf16 / fp16 / fp32 as they come (the autocast dtype under autocast)
 and normalize in float32 inside. Outputs come back in the caller's dtype (or the autocast dtype).
 
-| path        | kernel                                   | serves                                                  |
-|-------------|------------------------------------------|---------------------------------------------------------|
-| `sdpa`      | kernels/sdpa.py                          | unas: CUDA (flash + mem-efficient, dropout); CPU without dropout (ATen's flash; declines scores > 1e6) |
-| `fused_cpu` | fused.py + csrc/                         | dnas, hnas (sinkhorn n_iter=1): CPU, with dropout; unas on the CPU with dropout or scores flash declines |
-| `triton`    | kernels/triton_query_normalized.py       | dnas, hnas (sinkhorn n_iter=1): CUDA, with dropout     |
-| `composed`  | composed.py                              | dnas, hnas: CPU without dropout when the C++ kernel cannot be built (declines scores > 1e6) |
-| `sdpa_math` | kernels/sdpa.py                          | unas: CPU with dropout without the C++ kernel; causal unas with dropout |
+Which path serves what: the table in docs/attention.md. Everything a scheme's paths decline runs
+on its reference; `attnlab.attention.functional.route` lists the paths that would serve a call.
 
-Everything else (sinkhorn n_iter > 1, entmax, float64 on CUDA, other devices) runs on the
-scheme's reference. `attnlab.attention.functional.route` lists the paths that serve a call.
+`AttentionCall` (one computation, as every path and the reference see it) is defined here, with
+the paths: the schemes import this module, never the other way round.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnlab.attention import composed, fused
-from attnlab.attention.kernels import sdpa, triton_query_normalized
+from attnlab.attention.kernels import composed, fused, sdpa, triton_query_normalized
 from attnlab.attention.reference import compute_dtype, output_dtype
-from attnlab.attention.schemes.base import AttentionCall
 
 CPU_DTYPES = (torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -48,6 +42,29 @@ def working_dtype(q: Tensor, device: str) -> torch.dtype:
     if q.dtype != torch.float64 and torch.is_autocast_enabled("cuda"):
         return torch.get_autocast_dtype("cuda")
     return q.dtype
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention computation, as every path sees it (masks: bool (B, S), True = padding)."""
+
+    q: Tensor  # (B, H, S_q, d)
+    k: Tensor  # (B, H, S_k, d)
+    v: Tensor  # (B, H, S_k, d_v)
+    key_padding_mask: Tensor | None = None
+    query_padding_mask: Tensor | None = None
+    causal: bool = False
+    dropout_p: float = 0.0
+    inputs: dict[str, Tensor] = field(default_factory=dict)  # scheme inputs, e.g. HNAS's u
+
+    @property
+    def device_type(self) -> str:
+        return self.q.device.type
+
+
+# What a scheme lists in `fast_paths`: (normalizer, call) -> output, or None to decline. A
+# `FastPath` is one; any such callable serves.
+PathFunction = Callable[[Any, AttentionCall], "Tensor | None"]
 
 
 @dataclass(frozen=True)

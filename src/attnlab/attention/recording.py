@@ -15,35 +15,19 @@ of each module while it is open (open it around one batch); `first_only=False` k
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING
 
-from torch import Tensor, nn
+from torch import nn
 
-from attnlab.attention.statistics import column_sums
+from attnlab.attention.mha import MultiHeadAttention, attention_modules
+from attnlab.attention.record import AttentionRecord
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+
     from typing_extensions import Self
 
 
-@dataclass
-class AttentionRecord:
-    weights: Tensor  # (B, H, S_q, S_k) float32, detached
-    key_padding_mask: Tensor | None  # (B, S_k) True = padding
-    query_padding_mask: Tensor | None  # (B, S_q)
-    head_outputs: Tensor  # (B, H, S_q, d_v) float32, before the output projection
-
-    @cached_property
-    def column_sums(self) -> Tensor:
-        """(B, H, S_k): total weight each key receives from the valid queries."""
-        return column_sums(self.weights, self.query_padding_mask)
-
-
 class record_attention:
     def __init__(self, target: nn.Module | Iterable, first_only: bool = True) -> None:
-        from attnlab.attention.mha import MultiHeadAttention, attention_modules
-
         if isinstance(target, nn.Module):
             pairs = attention_modules(target)
         else:

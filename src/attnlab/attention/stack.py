@@ -3,21 +3,30 @@
     x = run_stack(self.layers, x, key_padding_mask)                  # encoder layers
     y = run_stack(self.decoder_layers, y, memory, tgt_mask, mem_mask) # decoder layers
     x = run_stack(self.layers, x, mask, checkpoint=True)             # activation checkpointing
+    y = step_stack(self.layers, y_new, cache)                        # one new position, cached
 
 Each layer returns its output and the logits its attentions pass on (CODA, RealFormer); the
 next layer takes them as `prev_logits`. Nothing is stored on the modules, so any container works
 (a list, an nn.ModuleList, or nn.Sequential with `StackCarry`), and recomputation under
 `torch.utils.checkpoint` sees exactly the same inputs (its RNG state is restored, so CODA's
 noise is redrawn identically).
+
+`step_stack` is the incremental form: the newest position (B, 1, D) through each layer's `step`
+with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache); the newest
+position's row of cascade logits goes from layer to layer the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from attnlab.attention.kv_cache import KVCache
 
 
 def run_stack(layers: Iterable[nn.Module], x: Tensor, *args, checkpoint: bool = False, **kwargs) -> Tensor:
@@ -29,4 +38,14 @@ def run_stack(layers: Iterable[nn.Module], x: Tensor, *args, checkpoint: bool = 
                 layer, x, *args, prev_logits=logits, return_logits=True, use_reentrant=False, **kwargs)
         else:
             x, logits = layer(x, *args, prev_logits=logits, return_logits=True, **kwargs)
+    return x
+
+
+def step_stack(layers: Iterable[nn.Module], x: Tensor, cache: KVCache) -> Tensor:
+    """The newest position x (B, 1, D) through `layers` (their `step`), layer i using entry i of
+    `cache` (a `KVCache`, or a `DecoderCache` for decoder layers); returns the output (B, 1, D).
+    Eval mode; equals the last position of `run_stack` over the whole prefix."""
+    logits = None
+    for index, layer in enumerate(layers):
+        x, logits = layer.step(x, cache, index, prev_logits=logits, return_logits=True)
     return x

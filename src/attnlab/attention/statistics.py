@@ -4,6 +4,11 @@ The one place for the "explaining away" numbers (the seed paper's epsilon-explai
 DNAS lemma): `column_sums` computes `c_j = sum_i w_ij` over valid queries, and `ColumnStats`
 aggregates them over batches (a torchmetrics Metric, so sums, minima and histograms are reduced
 across DDP processes). The ExplainedAway callback and the VQA task both use it.
+
+Also the head-diversity numbers, the one place for them: `jsd_matrix` (Jensen-Shannon divergence
+between the heads' attention distributions, per valid query row) and `head_distance_sum` (mean
+pairwise L2 distance between the heads' outputs), used by the HeadDiversity callback and the
+classify task's hop diversity.
 """
 
 from __future__ import annotations
@@ -117,3 +122,42 @@ def _cat(state) -> Tensor:
     if isinstance(state, Tensor):  # already concatenated by a DDP sync
         return state
     return torch.cat(state) if state else torch.empty(0)
+
+
+# ----------------------------------------------------------------------------- head diversity
+def valid_rows(weights: Tensor) -> Tensor:
+    """(B, S_q) bool: query rows that attend somewhere (padded queries have all-zero rows)."""
+    return weights[:, 0].sum(-1) > 0.5
+
+
+def jsd_matrix(weights: Tensor, rows: Tensor | None = None) -> tuple[Tensor, int]:
+    """Sum over valid rows of JSD(head i, head j) as an (H, H) matrix, and the number of rows.
+
+    weights (B, H, S_q, S_k) with rows summing to 1 (or 0 where nothing is attended)."""
+    w = weights.double()
+    if rows is None:
+        rows = valid_rows(w)
+    p = w.permute(0, 2, 1, 3)[rows]  # (N, H, S_k)
+    n, h = p.shape[0], p.shape[1]
+    out = torch.zeros(h, h, dtype=torch.float64)
+    ent = torch.xlogy(p, p).sum(-1)  # (N, H): sum p log p
+    for i in range(h):
+        for j in range(i + 1, h):
+            m = 0.5 * (p[:, i] + p[:, j])
+            jsd = 0.5 * (ent[:, i] - torch.xlogy(p[:, i], m).sum(-1)) + 0.5 * (
+                ent[:, j] - torch.xlogy(p[:, j], m).sum(-1)
+            )
+            out[i, j] = out[j, i] = jsd.clamp(min=0).sum()
+    return out, n
+
+
+def head_distance_sum(head_outputs: Tensor, rows: Tensor) -> tuple[float, int]:
+    """Sum over valid queries of the mean pairwise L2 distance between head outputs, and the count.
+    head_outputs (B, H, S_q, d_v)."""
+    o = head_outputs.double().permute(0, 2, 1, 3)[rows]  # (N, H, d)
+    h = o.shape[1]
+    if o.shape[0] == 0:
+        return 0.0, 0
+    dist = torch.cdist(o, o)  # (N, H, H)
+    mean_pair = dist.sum((-1, -2)) / (h * (h - 1))
+    return float(mean_pair.sum()), int(o.shape[0])

@@ -1,6 +1,10 @@
 """Lightning callbacks: analyses of attention (hybrid weights, explained-away, head diversity,
-head importance, calibration), training rules of schemes (repulsive attention, MA+R) and run safety."""
+head importance, calibration), training rules of schemes (repulsive attention, MA+R) and run safety.
 
+Analyses that run their own evaluations once test is done are `AfterTestAnalysis`es (the
+runner finds them by type); training rules come with their model config (conf/rules/)."""
+
+from attnlab.callbacks.after_test import AfterTestAnalysis, analysis_progress
 from attnlab.callbacks.calibration import Calibration
 from attnlab.callbacks.explained_away import ExplainedAway
 from attnlab.callbacks.head_diversity import HeadDiversity
@@ -10,6 +14,7 @@ from attnlab.callbacks.preemption import MidEpochCheckpoint, PreemptionCheckpoin
 from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
 
 __all__ = [
+    "AfterTestAnalysis",
     "Calibration",
     "DisagreementRegularizer",
     "ExplainedAway",
@@ -20,4 +25,5 @@ __all__ = [
     "PreemptionCheckpoint",
     "RepulsiveAttention",
     "RngState",
+    "analysis_progress",
 ]

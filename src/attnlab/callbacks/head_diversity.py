@@ -25,48 +25,10 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from torch import Tensor
 
 from attnlab.attention import attention_modules, record_attention
+from attnlab.attention.statistics import head_distance_sum, jsd_matrix, valid_rows
 from attnlab.loggers import LoggerAdapter
-
-
-def valid_rows(weights: Tensor) -> Tensor:
-    """(B, S_q) bool: query rows that attend somewhere (padded queries have all-zero rows)."""
-    return weights[:, 0].sum(-1) > 0.5
-
-
-def jsd_matrix(weights: Tensor, rows: Tensor | None = None) -> tuple[Tensor, int]:
-    """Sum over valid rows of JSD(head i, head j) as an (H, H) matrix, and the number of rows.
-
-    weights (B, H, S_q, S_k) with rows summing to 1 (or 0 where nothing is attended)."""
-    w = weights.double()
-    if rows is None:
-        rows = valid_rows(w)
-    p = w.permute(0, 2, 1, 3)[rows]  # (N, H, S_k)
-    n, h = p.shape[0], p.shape[1]
-    out = torch.zeros(h, h, dtype=torch.float64)
-    ent = torch.xlogy(p, p).sum(-1)  # (N, H): sum p log p
-    for i in range(h):
-        for j in range(i + 1, h):
-            m = 0.5 * (p[:, i] + p[:, j])
-            jsd = 0.5 * (ent[:, i] - torch.xlogy(p[:, i], m).sum(-1)) + 0.5 * (
-                ent[:, j] - torch.xlogy(p[:, j], m).sum(-1)
-            )
-            out[i, j] = out[j, i] = jsd.clamp(min=0).sum()
-    return out, n
-
-
-def head_distance_sum(head_outputs: Tensor, rows: Tensor) -> tuple[float, int]:
-    """Sum over valid queries of the mean pairwise L2 distance between head outputs, and the count.
-    head_outputs (B, H, S_q, d_v)."""
-    o = head_outputs.double().permute(0, 2, 1, 3)[rows]  # (N, H, d)
-    h = o.shape[1]
-    if o.shape[0] == 0:
-        return 0.0, 0
-    dist = torch.cdist(o, o)  # (N, H, H)
-    mean_pair = dist.sum((-1, -2)) / (h * (h - 1))
-    return float(mean_pair.sum()), int(o.shape[0])
 
 
 class HeadDiversity(pl.Callback):
@@ -90,7 +52,7 @@ class HeadDiversity(pl.Callback):
             self._warned = True
             print(f"[attnlab] head diversity: {len(single)} single-head attention module(s) skipped "
                   f"(JSD and head distance need >= 2 heads): {single}. For the VQA fusion use e.g. "
-                  f"task.module.fusion_heads=4")
+                  f"task.module.net.fusion_heads=4")
 
     def _open(self, trainer, batch_idx: int) -> None:
         if not trainer.sanity_checking and batch_idx < self.max_batches and self._modules:

@@ -39,7 +39,7 @@ class PreemptionCheckpoint(pl.Callback):
         if trainer.state.fn != "fit":
             return
         path = _checkpoint_dir(trainer, self.dirpath) / self.filename
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # a full checkpoint: resumable
         rank_zero_info(f"[attnlab] interrupted: checkpoint written to {path}; resume with ckpt_path=last")
 
 
@@ -71,7 +71,7 @@ class MidEpochCheckpoint(pl.Callback):
                 or trainer.sanity_checking):
             return
         self._saved_step = step  # several batches share a step under gradient accumulation
-        trainer.save_checkpoint(_checkpoint_dir(trainer, self.dirpath) / self.filename)
+        trainer.save_checkpoint(_checkpoint_dir(trainer, self.dirpath) / self.filename, weights_only=False)
 
 
 class RngState(pl.Callback):

@@ -43,8 +43,13 @@ the module's output (B, M, d) as the M particles' outputs.
 `DisagreementRegularizer` (the paper's MA+R baseline) adds `weight * mean_{i,j} cos(O_i, O_j)` to
 the training loss for every selected module (Li et al. 2018's disagreement on outputs, summed
 over modules, averaged over positions): O_h is head h's output before the output projection.
-The term enters the module's training_step loss (the callback wraps training_step during fit),
-so Lightning's gradient accumulation, AMP scaling and DDP treat it as part of the loss.
+The callback observes the head outputs through forward hooks and registers the term with the
+task module (`TaskModule.register_loss_term`, at fit start; removed at fit end), whose
+training_step adds it to the task's loss, so Lightning's gradient accumulation, AMP scaling and
+DDP treat it as part of the loss; `train/disagreement` logs the weighted term.
+
+Both rules are composed by the model config through Hydra defaults (`conf/rules/`, placed at
+`callbacks.repulsive` / `callbacks.disagreement`), so `callbacks=minimal|none` keep them.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from torch import Tensor
 from attnlab.attention import MultiHeadAttention, attention_modules
 from attnlab.errors import ConfigError
 from attnlab.loggers import LoggerAdapter
+from attnlab.task_module import TaskModule
 
 ROLES = ("encoder", "decoder", "cross")
 PROJECTIONS = ("q", "k", "v")
@@ -183,15 +189,17 @@ class RepulsiveAttention(pl.Callback):
         log_every_n_steps: int = 50,
     ) -> None:
         if method not in ("svgd", "spos"):
-            raise ConfigError(f"repulsive method={method!r}: use svgd or spos")
+            raise ConfigError(f"callbacks.repulsive.method={method!r}: use svgd or spos")
         if spos_noise not in SPOS_NOISE:
-            raise ConfigError(f"repulsive spos_noise={spos_noise!r}: use {' or '.join(SPOS_NOISE)}")
+            raise ConfigError(f"callbacks.repulsive.spos_noise={spos_noise!r}: use "
+                              f"{' or '.join(SPOS_NOISE)}")
         if grouping not in ("joint", "per_projection"):
-            raise ConfigError(f"repulsive grouping={grouping!r}: use joint or per_projection")
+            raise ConfigError(f"callbacks.repulsive.grouping={grouping!r}: use joint or "
+                              f"per_projection")
         if step_size <= 0 or alpha < 0 or beta < 0:
             raise ConfigError(
-                f"repulsive step_size={step_size}, alpha={alpha}, beta={beta}: step_size must be > 0, "
-                f"alpha and beta >= 0"
+                f"callbacks.repulsive: step_size={step_size}, alpha={alpha}, beta={beta}: step_size "
+                f"must be > 0, alpha and beta >= 0"
             )
         self.method, self.step_size, self.alpha, self.beta = method, float(step_size), float(alpha), float(beta)
         self.stacks, self.layers, self.projections = _check(stacks, layers, projections)
@@ -293,9 +301,11 @@ def disagreement(head_outputs: Tensor) -> Tensor:
 class DisagreementRegularizer(pl.Callback):
     """MA+R: loss += weight * sum over selected modules of disagreement(head outputs)."""
 
+    TERM = "disagreement"
+
     def __init__(self, weight: float = 0.1, stacks: Sequence[str] = ROLES, layers="all") -> None:
         if weight < 0:
-            raise ConfigError(f"disagreement weight={weight} must be >= 0")
+            raise ConfigError(f"callbacks.disagreement.weight={weight}: give a weight >= 0")
         self.weight = float(weight)
         self.stacks, self.layers, _ = _check(stacks, layers, PROJECTIONS)
         self._terms: list[Tensor] = []
@@ -309,7 +319,22 @@ class DisagreementRegularizer(pl.Callback):
             b, s, e = merged.shape
             self._terms.append(disagreement(merged.view(b, s, module.num_heads, e // module.num_heads)))
 
+    def loss_term(self, _module) -> Tensor | None:
+        """weight * the disagreement of this step's forward (None when nothing was observed)."""
+        if not self._terms:
+            return None
+        penalty = torch.stack(self._terms).sum()
+        self._terms.clear()
+        return self.weight * penalty
+
     def on_fit_start(self, trainer, pl_module) -> None:
+        if not isinstance(pl_module, TaskModule):
+            cls = type(pl_module)
+            raise ConfigError(
+                f"model=mar adds its disagreement through TaskModule.register_loss_term, but the "
+                f"task's module {cls.__module__}.{cls.__name__} is not a TaskModule: build it on "
+                f"attnlab.task_module.TaskModule, or choose another model"
+            )
         mods = [(n, m) for n, m in select_modules(pl_module, self.stacks, self.layers) if particle_count(m) > 1]
         for _, m in mods:
             if m.out_proj is not None and not hasattr(m, "particles"):  # its input is the concatenation of the head outputs
@@ -318,27 +343,14 @@ class DisagreementRegularizer(pl.Callback):
             else:  # project_values=False: the module's output is the concatenation
                 hook = m.register_forward_hook(lambda mod, _args, out: self._collect(mod, out))
             self._handles.append(hook)
+        self._terms.clear()
+        pl_module.register_loss_term(self.TERM, self.loss_term)
         if trainer.is_global_zero:
             print(f"[attnlab] MA+R disagreement regularizer (weight {self.weight}) on {len(mods)} "
                   f"attention modules")
-        original = pl_module.training_step
 
-        @functools.wraps(original)
-        def training_step(*args, **kwargs):
-            self._terms.clear()
-            out = original(*args, **kwargs)
-            if not self._terms:
-                return out
-            penalty = torch.stack(self._terms).sum()
-            self._terms.clear()
-            pl_module.log("train/disagreement", penalty.detach(), on_step=True, on_epoch=False)
-            if isinstance(out, Tensor):
-                return out + self.weight * penalty
-            if isinstance(out, dict) and "loss" in out:
-                return {**out, "loss": out["loss"] + self.weight * penalty}
-            return out
-
-        pl_module.training_step = training_step
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._terms.clear()  # only this step's forward counts
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.teardown(trainer, pl_module, "fit")
@@ -347,4 +359,6 @@ class DisagreementRegularizer(pl.Callback):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        pl_module.__dict__.pop("training_step", None)  # back to the class's method
+        self._terms.clear()
+        if isinstance(pl_module, TaskModule):
+            pl_module.remove_loss_term(self.TERM)

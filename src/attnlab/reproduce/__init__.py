@@ -6,15 +6,11 @@
     python -m attnlab.reproduce --claims mode_collapse,explaining_away --tasks vqa
     python -m attnlab.reproduce --dry-run             # print the train.py sweeps, run nothing
 
-One module per claim (`mode_collapse`, `explaining_away`, `multiview_vqa`, `hnas_u`,
-`head_diversity`), each with `runs(plan)` (the training runs it needs) and `evaluate(plan,
-results, out_dir)` (its ClaimResult). The runs are trained by train.py itself (Hydra multiruns,
-`launch.py`), shared between claims, and the report goes to `reproduce/<time>/REPORT.md` with
-the PNGs beside it (and to W&B with --wandb).
+One module per claim, each with `runs(plan)` (the training runs it needs) and `evaluate(plan,
+results, out_dir)` (its ClaimResult): the library's (`mode_collapse`, `explaining_away`, `hnas_u`,
+`head_diversity`) and a task's own (`multiview_vqa`: tasks/vqa/claim.py), found by `registry.claims()`
+from the task cards (conf/task/*.yaml), which also say which tasks enter a claim and with which
+settings. The runs are trained by train.py itself (Hydra multiruns, `launch.py`), shared between
+claims, and the report goes to `reproduce/<time>/REPORT.md` with the PNGs beside it (and to W&B
+with --wandb).
 """
-
-from attnlab.reproduce import explaining_away, head_diversity, hnas_u, mode_collapse, multiview_vqa
-
-CLAIMS = {m.NAME: m for m in (mode_collapse, explaining_away, multiview_vqa, hnas_u, head_diversity)}
-
-__all__ = ["CLAIMS"]

@@ -10,9 +10,10 @@ import traceback
 from datetime import datetime
 from pathlib import Path
 
-from attnlab.reproduce import CLAIMS
+from attnlab.errors import ConfigError
 from attnlab.reproduce.launch import command, run_sweeps
 from attnlab.reproduce.plan import Plan, default_jobs, group_sweeps
+from attnlab.reproduce.registry import claims as all_claims
 from attnlab.reproduce.results import NOT_RUN, ClaimResult, Results
 from attnlab.reproduce.writeup import git_commit, log_to_wandb, machine, summary_table, write_report
 
@@ -25,7 +26,7 @@ def project_root() -> Path:
     return root
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def parse(argv: list[str] | None, claims: dict) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m attnlab.reproduce", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
@@ -35,8 +36,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--gpu", dest="mode", action="store_const", const="gpu",
                       help="the paper presets (experiment=...) on hardware=gpu, 3 seeds")
     parser.set_defaults(mode="quick")
-    parser.add_argument("--claims", default=",".join(CLAIMS),
-                        help=f"comma-separated subset of: {', '.join(CLAIMS)} (default: all)")
+    parser.add_argument("--claims", default=",".join(claims),
+                        help=f"comma-separated subset of: {', '.join(claims)} (default: all)")
     parser.add_argument("--tasks", help="train only these tasks, e.g. vqa,mlm (default: every task that exists)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override appended to every run (repeatable)")
@@ -48,18 +49,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    names = [n.strip() for n in args.claims.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CLAIMS]
-    if unknown or not names:
-        print(f"error: --claims {args.claims}: unknown {unknown}; choose from {', '.join(CLAIMS)}", file=sys.stderr)
-        return 2
     root = project_root()
+    try:
+        known = all_claims(root / "conf")  # the library's claims and those the task cards name
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args = parse(argv, known)
+    names = [n.strip() for n in args.claims.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        print(f"error: --claims {args.claims}: unknown {unknown}; choose from {', '.join(known)}", file=sys.stderr)
+        return 2
     tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else None
     plan = Plan(args.mode, root, args.wandb, tasks, tuple(args.override))
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out_dir = (args.out or root / "reproduce" / stamp).resolve()
-    claims = [CLAIMS[n] for n in names]
+    claims = [known[n] for n in names]
     sweeps, skipped = group_sweeps([r for c in claims for r in c.runs(plan)], plan)
     if args.dry_run:
         for sweep in sweeps:

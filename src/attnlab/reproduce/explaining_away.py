@@ -1,12 +1,13 @@
 """Claim: explaining away (DNAS paper, Fig. 1 and its Lemma) on a trained encoder of each task.
 
 UNAS can give a key (a lower-layer unit) almost no total attention, `sum_i w_ij < 1e-8`: it is
-explained away. DNAS cannot: every valid key gets `sum_i w_ij >= 1/S` (the Lemma). Per task, a
-UNAS and a DNAS model are trained (first seed) and the ExplainedAway callback's statistics of the
-last validation are read per attention layer where the scheme applies (an encoder-decoder's
-decoder stays UNAS in both runs and is left out): the share of keys below 1e-8, the minimum column
-sum against 1/S, and `min * S` (>= 1 under the Lemma). Its histograms (`explained_away.png` of
-each run) are copied beside the report.
+explained away. DNAS cannot: every valid key gets `sum_i w_ij >= 1/S` (the Lemma). Per task whose
+card enters this claim, a UNAS and a DNAS model are trained (first seed) and the ExplainedAway
+callback's statistics of the last validation are read per attention layer where the scheme
+applies (an encoder-decoder's decoder stays UNAS in both runs and is left out; the card's
+`encoder_layers` names the config key that counts the encoder's layers): the share of keys below
+1e-8, the minimum column sum against 1/S, and `min * S` (>= 1 under the Lemma). Its histograms
+(`explained_away.png` of each run) are copied beside the report.
 
 Verdict: holds when the DNAS bound holds in every layer (min * S >= 1 - 1e-4) and UNAS explains
 some key away (share > 0) in some layer of some task; "does not hold at this scale" when UNAS
@@ -37,21 +38,18 @@ PAPER = "DNAS paper, Fig. 1 and Lemma"
 CLAIM = ("UNAS explains keys away (total attention < 1e-8); DNAS gives every key >= 1/S (Lemma), "
          "so its share below 1e-8 is 0")
 
-TASKS = ("vqa", "mlm", "headline", "mt", "classify")
-# Tasks with a decoder: the config key that says how many of the first attention layers (in
-# named_modules order, encoder first) are the encoder's, where the scheme applies.
-ENCODER_LAYERS = {"headline": "task.module.num_encoder_layers", "mt": "task.module.num_encoder_layers"}
 MODELS = ("unas", "dnas")
 LEMMA_TOLERANCE = 1e-4
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [Run(task, model, plan.seeds[0]) for task in TASKS for model in MODELS]
+    return [Run(task, model, plan.seeds[0]) for task in plan.claim_tasks(NAME) for model in MODELS]
 
 
-def scheme_layers(record: dict, task: str, layers: list[int]) -> list[int]:
-    """The layers where model= applies (all but a decoder's)."""
-    key = ENCODER_LAYERS.get(task)
+def scheme_layers(record: dict, key: str | None, layers: list[int]) -> list[int]:
+    """The layers where model= applies (all but a decoder's). `key`: the card's encoder_layers,
+    the config key holding how many of the first attention layers (named_modules order, encoder
+    first) are the encoder's; None: all of them."""
     config = Path(record.get("run_dir", "")) / "config.yaml"
     if key is None or not config.is_file():
         return layers
@@ -68,7 +66,8 @@ def _fmt(value: float, digits: int = 3) -> str:
 def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     rows, missing, failed, figures = [], [], [], []
     unas_explains, lemma_holds, measured = False, True, False
-    for task in TASKS:
+    tasks = plan.claim_tasks(NAME)
+    for task in tasks:
         if plan.skip_reason(task):
             missing.append(f"task {task}: not run ({plan.skip_reason(task)})")
             continue
@@ -80,7 +79,8 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
                 failed.append(f"{task}/{model}: {results.error(run)}")
                 continue
             layers = explained_away(record)
-            stats[model] = {l: layers[l] for l in scheme_layers(record, task, sorted(layers))}
+            encoder = scheme_layers(record, plan.cards[task].encoder_layers, sorted(layers))
+            stats[model] = {l: layers[l] for l in encoder}
             png = Path(record["run_dir"]) / "explained_away.png"
             if png.is_file():
                 name = f"explained_away_{task}_{model}.png"
@@ -108,7 +108,7 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     notes = missing + [f"failed: {f}" for f in failed]
     return ClaimResult(
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM, ours=ours,
-        setting="; ".join(plan.setting_text(t) for t in TASKS if not plan.skip_reason(t)),
+        setting="; ".join(plan.setting_text(t) for t in tasks if not plan.skip_reason(t)),
         seeds=str(plan.seeds[0]), verdict=verdict,
         details="\n".join(table + [""] + [f"- {n}" for n in notes]), figures=figures,
     )

@@ -3,12 +3,13 @@ between the heads' attention distributions; CODA paper, head-diversity analysis)
 attention's heads are farther apart (larger "Dist", the mean pairwise distance of the heads'
 outputs; Repulsive attention paper, Table 1) than plain multi-head attention's.
 
-Per task that exists, UNAS (the Transformer / plain multi-head attention), CODA and repulsive
-attention (SVGD) are trained (first seed) and the HeadDiversity callback's test statistics read
-from metrics.json: `test/avg_jsd` and `test/head_distance` (means over the multi-head layers).
-VQA's fusion runs with 4 heads here (its default has 1), classify with its Transformer encoder
-(its hops are one head). The tasks of the papers, `mt` (CODA, Repulsive attention), `lm` (CODA)
-and `classify` (Repulsive attention), run with --full, --gpu, or --quick --tasks mt,lm,classify.
+Per task whose card enters this claim, UNAS (the Transformer / plain multi-head attention), CODA
+and repulsive attention (SVGD) are trained (first seed), with the card's `multi_head` overrides
+(VQA's fusion with 4 heads, its default has 1; classify with its Transformer encoder, its hops
+are one head), and the HeadDiversity callback's test statistics read from metrics.json:
+`test/avg_jsd` and `test/head_distance` (means over the multi-head layers). The tasks of the
+papers, `mt` (CODA, Repulsive attention), `lm` (CODA) and `classify` (Repulsive attention), run
+with --full, --gpu, or --quick --tasks mt,lm,classify.
 
 Verdict: holds when CODA's JSD exceeds UNAS's and repulsive attention's distance exceeds UNAS's in
 every task run.
@@ -25,18 +26,16 @@ NAME = "head_diversity"
 TITLE = "Head diversity"
 PAPER = "CODA paper (head JSD); Repulsive attention paper, Table 1 (Dist)"
 CLAIM = "CODA: higher average JSD between heads than the Transformer; repulsive: larger head distance than MA"
-TASKS = ("vqa", "mlm", "headline", "mt", "classify", "lm")
-# overrides a task needs so that it has multi-head attention to compare
-TASK_EXTRA = {"vqa": ("task.module.fusion_heads=4",), "classify": ("task.encoder=transformer",)}
 MODELS = ("unas", "coda", "repulsive")
 
 
 def _run(plan: Plan, task: str, model: str) -> Run:
-    return Run(task, model, plan.seeds[0], TASK_EXTRA.get(task, ()))
+    # the card's overrides that give the task multi-head attention to compare
+    return Run(task, model, plan.seeds[0], plan.cards[task].multi_head)
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [_run(plan, task, model) for task in TASKS for model in MODELS]
+    return [_run(plan, task, model) for task in plan.claim_tasks(NAME) for model in MODELS]
 
 
 def _fmt(value: float) -> str:
@@ -45,7 +44,8 @@ def _fmt(value: float) -> str:
 
 def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
     rows, notes, coda, repulsive = [], [], [], []
-    for task in TASKS:
+    tasks = plan.claim_tasks(NAME)
+    for task in tasks:
         if plan.skip_reason(task):
             notes.append(f"- {task}: not run ({plan.skip_reason(task)})")
             continue
@@ -70,8 +70,8 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM,
         ours=(f"CODA's JSD above UNAS's in {sum(coda)} of {len(coda)} tasks; repulsive attention's head distance "
               f"above UNAS's in {sum(repulsive)} of {len(repulsive)}"),
-        setting="; ".join(plan.setting_text(t) + (" " + " ".join(TASK_EXTRA[t]) if t in TASK_EXTRA else "")
-                          for t in TASKS if not plan.skip_reason(t)),
+        setting="; ".join(" ".join([plan.setting_text(t), *plan.cards[t].multi_head])
+                          for t in tasks if not plan.skip_reason(t)),
         seeds=str(plan.seeds[0]), verdict=HOLDS if all(checks) else NOT_AT_SCALE,
         details="\n".join(table + [""] + notes),
     )

@@ -1,8 +1,9 @@
 """Claim: HNAS learns its mix of DNAS and UNAS per layer (DNAS paper, Figs. 3-5: vqa, mlm, headline).
 
 HNAS weights `u * DNAS + (1 - u) * UNAS` with a trainable `u` per layer and head. One HNAS model
-per task (first seed); `u` per attention module at the end of training comes from metrics.json
-(`hnas_u`), its trajectory from each run's `hnas_u.png` (copied beside the report).
+per task whose card enters this claim (first seed); `u` per attention module at the end of
+training comes from metrics.json (`hnas_u`), its trajectory from each run's `hnas_u.png` (copied
+beside the report).
 
 Verdict (our rule, stated because the figures show trajectories, not a threshold): holds when, in
 every task run, `u` moves away from its initial value (by > 0.05 in some layer) and the layers end
@@ -23,12 +24,11 @@ NAME = "hnas_u"
 TITLE = "HNAS u per layer"
 PAPER = "DNAS paper, Figs. 3-5"
 CLAIM = "the learned u differs from layer to layer: each layer settles on its own mix of DNAS and UNAS"
-TASKS = ("vqa", "mlm", "headline")
 MOVED, SPREAD = 0.05, 0.05
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [Run(task, "hnas", plan.seeds[0]) for task in TASKS]
+    return [Run(task, "hnas", plan.seeds[0]) for task in plan.claim_tasks(NAME)]
 
 
 def initial_u(record: dict) -> float | None:
@@ -64,7 +64,7 @@ def plot(per_task: dict[str, tuple[list[list[float]], float | None]], path: Path
 
 def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     per_task, rows, notes, figures, checks = {}, [], [], [], []
-    for task in TASKS:
+    for task in plan.claim_tasks(NAME):
         run = Run(task, "hnas", plan.seeds[0])
         if plan.skip_reason(task):
             notes.append(f"- {task}: not run ({plan.skip_reason(task)})")

@@ -2,19 +2,21 @@
 
 A claim asks for `Run`s (task, model, seed, extra overrides). Runs that differ only in model and
 seed share one Hydra multirun (`train.py -m model=a,b seed=1,2 ...`), so a run several claims need
-is trained once. Per task and mode the settings are a few overrides of the task's own config:
+is trained once. Everything about a task comes from its card (`task.card.reproduce` in
+conf/task/<name>.yaml, read by attnlab.cards): the claims it enters, and its settings per mode,
+a few overrides of the task's own config:
 
 - quick: short runs (about a minute of CPU each) that show the machinery and the direction of an
-  effect, not the papers' numbers;
+  effect, not the papers' numbers (the card's `quick`, else `GENERIC_QUICK`);
 - full: the task's CPU defaults (what `python train.py task=<task>` trains);
-- gpu: the task's paper preset (`experiment=...`) on `hardware=gpu`.
+- gpu: the task's paper preset (the card's `preset`: `experiment=...`) on `hardware=gpu`.
 
---quick trains the doubly-normalized attention paper's tasks (`QUICK_TASKS`) unless --tasks names
-others: the papers' own tasks of CODA and repulsive attention (`mt`, `classify`, `lm`) first fetch
-and tokenize their data and decode with beam search, which alone would take --quick past its 15
-minutes on 2 cores. A task that is not trained (or does not exist: no `conf/task/<name>.yaml`) is
-skipped and its claims say "not run" and why. Adding a task to the claims is one entry in `TASKS`
-(and, where it has a decoder, in explaining_away.ENCODER_LAYERS).
+--quick trains the tasks whose card says `in_quick` (the doubly-normalized attention paper's)
+unless --tasks names others: the papers' own tasks of CODA and repulsive attention (`mt`,
+`classify`, `lm`) first fetch and tokenize their data and decode with beam search, which alone
+would take --quick past its 15 minutes on 2 cores. A task that is not trained is skipped and its
+claims say "not run" and why. A new task enters a claim by naming it in its card; nothing here
+lists tasks.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.cards import Card, task_cards
+
 MODES = ("quick", "full", "gpu")
 
 # Any task, quick: one short epoch, a few evaluation batches (the analysis callbacks record the
@@ -31,36 +35,6 @@ MODES = ("quick", "full", "gpu")
 GENERIC_QUICK = ("trainer.max_epochs=1", "++trainer.limit_train_batches=100",
                  "++trainer.limit_val_batches=8", "++trainer.limit_test_batches=8")
 
-
-@dataclass(frozen=True)
-class TaskSettings:
-    quick: tuple[str, ...] = GENERIC_QUICK
-    full: tuple[str, ...] = ()
-    preset: str | None = None  # the paper preset of --gpu: conf/experiment/<preset>.yaml
-
-
-TASKS: dict[str, TaskSettings] = {
-    # ~12k training questions, 2 epochs: ~50 s of CPU per run
-    "vqa": TaskSettings(quick=("task.synthetic.n_train_images=1500", "task.synthetic.n_test_images=500",
-                               "trainer.max_epochs=2"), preset="vqa_large"),
-    # mlm and headline stay on their first plateau in so few steps: the quick runs show the
-    # machinery and the analyses, not the effects (the README's measured table: 120 batches and
-    # 3200 examples; trimmed since to keep --quick within 15 min on 2 cores from a fresh clone)
-    "mlm": TaskSettings(quick=("trainer.max_epochs=1", "trainer.limit_train_batches=80",
-                               "++trainer.limit_val_batches=8", "++trainer.limit_test_batches=8"),
-                        preset="mlm_bert_base"),
-    # test decoding (beam search) dominates: a few test batches only
-    "headline": TaskSettings(quick=("trainer.max_epochs=1", "task.datamodule.max_train_examples=2400",
-                                    "++trainer.limit_val_batches=4", "++trainer.limit_test_batches=4"),
-                             preset="headline_paper"),
-    # the other papers' tasks (--tasks mt,classify,lm with --quick): the generic short runs, with
-    # mt's test beam search on 4 batches
-    "mt": TaskSettings(quick=(*GENERIC_QUICK[:3], "++trainer.limit_test_batches=4"), preset="mt_iwslt14"),
-    "classify": TaskSettings(preset="classify_lin2017"),
-    "lm": TaskSettings(preset="lm_wikitext103"),
-}
-# what --quick trains when --tasks does not say
-QUICK_TASKS = ("vqa", "mlm", "headline")
 
 # Every reproduction run: CSV metrics (the explained-away scalars are read from them), no
 # progress bar in the logs, and none of the analyses that no claim reads (they cost evaluations).
@@ -99,11 +73,13 @@ class Plan:
     wandb: bool = False
     tasks: tuple[str, ...] | None = None  # --tasks: only these (None: every task that exists)
     overrides: tuple[str, ...] = ()  # --override: appended to every training run
+    cards: dict[str, Card] = field(init=False, repr=False)  # every task's card, by name
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: use one of {MODES}")
         self.root = Path(self.root)
+        self.cards = task_cards(self.root / "conf")
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -114,8 +90,17 @@ class Plan:
     def logger(self) -> str:
         return "[csv,wandb]" if self.wandb else "csv"
 
+    @property
+    def quick_tasks(self) -> list[str]:
+        """What --quick trains when --tasks does not say: the cards with `in_quick`."""
+        return [name for name, card in self.cards.items() if card.in_quick]
+
+    def claim_tasks(self, claim: str) -> list[str]:
+        """The tasks whose card enters `claim` (the claim's NAME or a task claim's module path)."""
+        return [name for name, card in self.cards.items() if claim in card.claims]
+
     def task_exists(self, task: str) -> bool:
-        return (self.root / "conf" / "task" / f"{task}.yaml").is_file()
+        return task in self.cards
 
     def skip_reason(self, task: str) -> str | None:
         """Why the runs of a task are not trained (None: they are)."""
@@ -123,19 +108,19 @@ class Plan:
             return "the task does not exist yet"
         if self.tasks is not None and task not in self.tasks:
             return "not selected with --tasks"
-        if self.tasks is None and self.mode == "quick" and task not in QUICK_TASKS:
-            return f"--quick trains {', '.join(QUICK_TASKS)}; add it with --tasks or use --full"
+        if self.tasks is None and self.mode == "quick" and task not in self.quick_tasks:
+            return f"--quick trains {', '.join(self.quick_tasks)}; add it with --tasks or use --full"
         return None
 
     def task_overrides(self, task: str) -> list[str]:
-        settings = TASKS.get(task, TaskSettings())
+        card = self.cards[task]
         if self.mode == "quick":
-            return list(settings.quick)
+            return list(card.quick or GENERIC_QUICK)
         if self.mode == "full":
-            return list(settings.full)
-        preset = settings.preset
+            return []
+        preset = card.preset
         has_preset = preset and (self.root / "conf" / "experiment" / f"{preset}.yaml").is_file()
-        return [f"experiment={preset}", "hardware=gpu"] if has_preset else ["hardware=gpu", *settings.full]
+        return [f"experiment={preset}", "hardware=gpu"] if has_preset else ["hardware=gpu"]
 
     def setting_text(self, task: str) -> str:
         """How a task was trained, for the report."""

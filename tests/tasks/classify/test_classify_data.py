@@ -205,3 +205,16 @@ def test_snli_errors(tmp_path):
     path.write_text('{"gold_label": "maybe", "sentence1": "a", "sentence2": "b"}\n')
     with pytest.raises(DataError, match="gold_label 'maybe'"):
         readers.read_snli(path)
+
+
+def test_files_that_are_not_utf8_name_the_file_and_byte_offset(tmp_path):
+    tsv = tmp_path / "train.tsv"
+    tsv.write_bytes("1\tgood row\n2\tcaf\u00e9 row\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"train\.tsv is not UTF-8: byte 0xe9 at byte offset 16"):
+        readers.read_tsv(tsv)
+    snli = tmp_path / "snli_1.0_train.jsonl"
+    first = b'{"gold_label": "neutral", "sentence1": "a", "sentence2": "b"}\n'
+    snli.write_bytes(first + b'{"gold_label": "neutral", "sentence1": "\x93a\x94", "sentence2": "b"}\n')
+    offset = len(first) + len(b'{"gold_label": "neutral", "sentence1": "')
+    with pytest.raises(DataError, match=rf"snli_1\.0_train\.jsonl is not UTF-8: byte 0x93 at byte offset {offset}"):
+        readers.read_snli(snli)

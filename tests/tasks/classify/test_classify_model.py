@@ -6,13 +6,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.modules import task_module
 
 from attnlab.attention import record_attention
 from attnlab.callbacks import DisagreementRegularizer, RepulsiveAttention
 from attnlab.callbacks.repulsive import disagreement, svgd_gradient
 from tasks.classify.datamodule import collate
 from tasks.classify.hops import HopAttention, lin_penalty
-from tasks.classify.module import ClassifyModule, hop_diversity
+from tasks.classify.module import hop_diversity
 
 # the module logs outside a Trainer here
 pytestmark = pytest.mark.filterwarnings("ignore:You are trying to `self.log")
@@ -94,15 +95,15 @@ def test_records_hold_a_and_m_and_the_diversity_numbers():
 
 def test_the_hop_rows_are_the_particles_of_repulsive_attention():
     torch.manual_seed(3)
-    module = ClassifyModule("unas", encoder="transformer", **TINY)
+    module = task_module("classify", "unas", encoder="transformer", **TINY)
     for p in module.parameters():
         p.grad = torch.randn_like(p)
-    hops = module.model.hops
+    hops = module.net.hops
     theta, grad = hops.hop_queries.detach().clone(), hops.hop_queries.grad.clone()
     key_grad = hops.k_proj.weight.grad.clone()
     rule = RepulsiveAttention(step_size=0.1, alpha=0.5)
     groups = {name: sets for name, _, sets in rule.groups(module)}
-    assert groups["model.hops"] == [[hops.hop_queries]]
+    assert groups["net.hops"] == [[hops.hop_queries]]
     assert len(groups) == 3  # the two encoder layers (per-head q/k/v rows) and the hops
     rule.apply(module)
     torch.testing.assert_close(hops.hop_queries.grad, 0.1 * svgd_gradient(theta, grad, 0.5))
@@ -123,13 +124,13 @@ def batch_of(n_examples=4, pair=False):
 @pytest.mark.parametrize("pair", [False, True])
 def test_training_step_adds_lins_penalty_and_mar_the_hops_disagreement(pair):
     torch.manual_seed(5)
-    module = ClassifyModule("unas", penalty=0.5, pair=pair, **TINY)
+    module = task_module("classify", "unas", penalty=0.5, pair=pair, **TINY)
     module.train()
     batch = batch_of(pair=pair)
     sentences = [("input_ids", "padding_mask", "lengths")] + ([("input_ids_b", "padding_mask_b", "lengths_b")]
                                                               if pair else [])
-    states = [(module.model.encoder(*(batch[k] for k in keys)), batch[keys[1]]) for keys in sentences]
-    penalty = torch.stack([lin_penalty(module.model.hops.hop_weights(s, m)) for s, m in states]).mean()
+    states = [(module.net.encoder(*(batch[k] for k in keys)), batch[keys[1]]) for keys in sentences]
+    penalty = torch.stack([lin_penalty(module.net.hops.hop_weights(s, m)) for s, m in states]).mean()
     expected = F.cross_entropy(module(batch), batch["labels"]) + 0.5 * penalty
     torch.testing.assert_close(module.training_step(batch, 0), expected)
 
@@ -139,13 +140,13 @@ def test_training_step_adds_lins_penalty_and_mar_the_hops_disagreement(pair):
         loss = module.training_step(batch, 0)
     finally:
         mar.teardown(None, module, "fit")
-    hop_disagreement = sum(disagreement(module.model.hops(s, m)) for s, m in states)
+    hop_disagreement = sum(disagreement(module.net.hops(s, m)) for s, m in states)
     torch.testing.assert_close(loss, expected + 0.2 * hop_disagreement)
 
 
 def test_a_few_steps_fit_one_batch():
     torch.manual_seed(6)
-    module = ClassifyModule("dnas", penalty=0.1, **TINY)
+    module = task_module("classify", "dnas", penalty=0.1, **TINY)
     batch = batch_of(6)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
     first = float(F.cross_entropy(module(batch), batch["labels"]))

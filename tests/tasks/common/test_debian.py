@@ -14,6 +14,7 @@ from helpers.paths import ROOT
 
 from attnlab.errors import DataError
 from tasks.common import debian
+from tasks.common.debian import apt
 
 FIXTURES = FIXTURE_ROOT / "text"
 MAIN = FIXTURES / "Translation-en"
@@ -128,12 +129,12 @@ def test_prepare_writes_records_and_manifest_then_reuses_them(tmp_path, monkeypa
     def no_fetch(_):
         raise AssertionError("fetched again")
 
-    monkeypatch.setattr(debian, "fetch", no_fetch)
+    monkeypatch.setattr(apt, "fetch", no_fetch)
     assert debian.prepare(tmp_path / "deb") == out
 
 
 def test_missing_apt_get_is_a_data_error_that_says_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.setattr(debian.shutil, "which", lambda name: None)
+    monkeypatch.setattr(apt.shutil, "which", lambda name: None)
     with pytest.raises(DataError) as err:
         debian.prepare(tmp_path / "deb")
     assert "make data" in str(err.value) and "task.data.files" in str(err.value)

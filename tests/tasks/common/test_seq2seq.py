@@ -12,16 +12,16 @@ import pytest
 import torch
 from helpers.seq2seq_cases import BOS, EOS, PAD, assert_beam_one_is_greedy, padded_sources, peaked
 
+from attnlab.attention import DecoderCache, PrefixCache
 from attnlab.errors import ConfigError
 from tasks.common.decoding import (
     beam_search,
     greedy_decode,
     length_penalty_factor,
 )
-from tasks.common.incremental import DecoderCache, PrefixCache
 from tasks.common.seq2seq import Seq2SeqTransformer, sinusoids
 
-# what the tasks pass (headline: the defaults; mt: tasks.mt.module.TranslationModule)
+# what the tasks pass (headline: the defaults; mt: the net node of conf/task/mt.yaml)
 STYLES = {
     "headline": {},
     "mt": {"positions": "sinusoidal", "lm_head": False, "weight_init": "fairseq", "activation": "relu",

@@ -65,6 +65,25 @@ def test_gigaword_mismatched_line_counts_name_the_files(tmp_path):
     assert "3 lines" in message and "2" in message
 
 
+def test_gigaword_empty_split_is_a_data_error_naming_the_files(tmp_path):
+    (tmp_path / "valid.article.txt").write_text("")
+    (tmp_path / "valid.title.txt").write_text("")
+    with pytest.raises(DataError, match=r"valid\.article\.txt and .*valid\.title\.txt hold no article/title pairs"):
+        gigaword.read_split(tmp_path, "valid")
+    # training drops pairs with an empty side: a file of such pairs holds nothing to train on
+    (tmp_path / "train.article.txt").write_text("an article\n\n")
+    (tmp_path / "train.title.txt").write_text("\na title\n")
+    with pytest.raises(DataError, match="hold no article/title pairs"):
+        gigaword.read_split(tmp_path, "train")
+
+
+def test_gigaword_file_that_is_not_utf8_names_the_byte_offset(tmp_path):
+    (tmp_path / "test.article.txt").write_bytes("caf\u00e9 opens\n".encode("cp1252"))
+    (tmp_path / "test.title.txt").write_text("cafe\n")
+    with pytest.raises(DataError, match=r"test\.article\.txt is not UTF-8: byte 0xe9 at byte offset 3"):
+        gigaword.read_split(tmp_path, "test")
+
+
 def test_gigaword_missing_files_raise_data_error(tmp_path):
     with pytest.raises(DataError, match="train.article.txt"):
         gigaword.read_split(tmp_path, "train")

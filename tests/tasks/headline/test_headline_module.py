@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from functools import partial
 
 import pytest
 import pytorch_lightning as pl
@@ -11,23 +12,24 @@ from helpers.paths import FIXTURES as FIXTURE_ROOT
 
 from attnlab.errors import ConfigError
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID
+from tasks.common.optim import linear_schedule
 from tasks.common.seq2seq import Seq2SeqTransformer
 from tasks.headline.bert_init import load_bert_into
 from tasks.headline.datamodule import HeadlineDataModule
 from tasks.headline.module import HeadlineModule
+from tasks.headline.network import HeadlineTransformer
 
 FIXTURES = FIXTURE_ROOT / "headline"
-TINY = {
-    "d_model": 16,
-    "nhead": 2,
-    "num_encoder_layers": 1,
-    "num_decoder_layers": 1,
-    "dim_feedforward": 32,
-    "val_decode_batches": 1,
-    "max_decode_length": 6,
-    "beam_size": 2,
-    "warmup_steps": 1,
-}
+TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 32}
+TINY = {"val_decode_batches": 1, "max_decode_length": 6, "beam_size": 2}
+
+
+def tiny_module(data_kwargs: dict, attention, hybrid_lr=None, **net_options) -> HeadlineModule:
+    """The module as the runner builds it: the data's sizes into the net, the rest to the module."""
+    kwargs = dict(data_kwargs)
+    net = HeadlineTransformer(attention=attention, **TINY_NET, **net_options, **kwargs.pop("net"))
+    return HeadlineModule(net=net, optimizer=partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.01),
+                          scheduler=partial(linear_schedule, warmup=1), hybrid_lr=hybrid_lr, **TINY, **kwargs)
 
 
 def gigaword_datamodule(**kwargs):
@@ -47,21 +49,18 @@ def test_datamodule_batches_and_model_kwargs():
     dm.prepare_data()
     dm.setup("fit")
     kwargs = dm.model_kwargs()
-    vocab = kwargs.pop("output_vocab")
+    vocab = kwargs["net"].pop("output_vocab")
     assert kwargs == {
-        "vocab_size": 30522,
-        "pad_id": PAD_ID,
+        "net": {"vocab_size": 30522, "pad_id": PAD_ID, "max_source_positions": 32, "max_target_positions": 12},
         "bos_id": CLS_ID,
         "eos_id": SEP_ID,
         "unk_id": UNK_ID,
-        "max_source_positions": 32,
-        "max_target_positions": 12,
     }
     # the output vocabulary: every token of the training headlines and the special tokens, sorted
     train_tokens = {t for example in dm.data["train"] for t in example["tgt_ids"]}
     assert vocab == sorted(train_tokens | {PAD_ID, UNK_ID, CLS_ID, SEP_ID})
     assert len(vocab) < 100
-    assert "output_vocab" not in gigaword_datamodule(output_vocab="full").model_kwargs()
+    assert "output_vocab" not in gigaword_datamodule(output_vocab="full").model_kwargs()["net"]
     with pytest.raises(ConfigError, match="output_vocab"):
         gigaword_datamodule(output_vocab="small")
     batch = next(iter(dm.val_dataloader()))
@@ -89,13 +88,7 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     dm = gigaword_datamodule()
     dm.prepare_data()
     dm.setup("fit")
-    module = HeadlineModule(
-        attention={"scheme": "hnas", "hybrid_init": 0.1},
-        norm_first=True,
-        hybrid_lr=0.05,
-        **TINY,
-        **dm.model_kwargs(),
-    )
+    module = tiny_module(dm.model_kwargs(), {"scheme": "hnas", "hybrid_init": 0.1}, hybrid_lr=0.05, norm_first=True)
     trainer = pl.Trainer(
         max_epochs=1,
         accelerator="cpu",
@@ -112,18 +105,22 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     )
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
     # HNAS's u logits train in their own group: learning rate hybrid_lr, no weight decay
-    logit = module.model.encoder_layers[0].self_attn.normalizer.hybrid_logit
+    logit = module.net.encoder_layers[0].self_attn.normalizer.hybrid_logit
     (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
     assert group["initial_lr"] == 0.05 and group["weight_decay"] == 0.0
     # the output vocabulary (training headlines only) comes back with a checkpoint
-    assert module.model.restricted_output
+    assert module.net.restricted_output
     trainer.save_checkpoint(tmp_path / "model.ckpt")
-    restored = HeadlineModule.load_from_checkpoint(tmp_path / "model.ckpt").eval()
-    assert torch.equal(restored.model.output_ids, module.model.output_ids)
+    # a net of the same sizes, its output ids other than the checkpoint's
+    size = module.net.output_ids.numel()
+    fresh = dict(dm.model_kwargs(), net=dict(dm.model_kwargs()["net"], output_vocab=range(size)))
+    net = tiny_module(fresh, {"scheme": "hnas", "hybrid_init": 0.1}, norm_first=True).net
+    restored = HeadlineModule.load_from_checkpoint(tmp_path / "model.ckpt", net=net, weights_only=False).eval()
+    assert torch.equal(restored.net.output_ids, module.net.output_ids)
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
         module.eval()
-        assert torch.equal(restored._loss(batch), module._loss(batch))
+        assert torch.equal(restored.loss(batch), module.loss(batch))
     results = trainer.test(module, datamodule=dm, verbose=False)[0]
     for key in ("test/rouge1", "test/rouge2", "test/rougeL"):
         assert 0.0 <= results[key] <= 1.0
@@ -137,7 +134,7 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     with open(tmp_path / "predictions.tsv", encoding="utf-8", newline="") as handle:
         rows = list(csv.reader(handle, delimiter="\t"))
     # predictions use only word pieces of the training headlines
-    allowed = set(module.model.output_ids.tolist())
+    allowed = set(module.net.output_ids.tolist())
     for row in rows[1:]:
         assert set(dm.tokenizer.encode(row[2], add_special_tokens=False).ids) <= allowed
     assert rows[0] == ["source", "reference", "prediction"]
@@ -152,15 +149,7 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
 
 def test_dnas_decoder_is_refused_by_the_module():
     with pytest.raises(ConfigError, match="decoder"):
-        HeadlineModule(
-            attention="hnas",
-            decoder_attention="dnas",
-            vocab_size=50,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            **TINY,
-        )
+        HeadlineTransformer(attention="hnas", decoder_attention="dnas", vocab_size=50, pad_id=0, **TINY_NET)
 
 
 def _fake_bert(layers=2, hidden=16, heads=2, ff=32, vocab=40, positions=20):

@@ -122,6 +122,28 @@ def test_readers_and_options_fail_with_the_fix(tmp_path):
         LMDataModule(files=[str(tmp_path / "missing.txt")]).prepare_data()
 
 
+def test_empty_or_non_utf8_files_are_data_errors_naming_them(tmp_path):
+    ptb = tmp_path / "ptb"
+    ptb.mkdir()
+    for name in ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"):
+        (ptb / name).write_bytes((LM / "ptb" / name).read_bytes())
+    (ptb / "ptb.valid.txt").write_text("")
+    with pytest.raises(DataError, match=r"ptb\.valid\.txt are empty"):  # in prepare_data, before any work
+        LMDataModule(source="ptb", data_dir=str(ptb)).prepare_data()
+    # a large corpus is read line by line: the offset counts the bytes of the lines before
+    train = (LM / "ptb" / "ptb.train.txt").read_bytes()
+    (ptb / "ptb.valid.txt").write_bytes(train[:20] + b"\xff" + train[20:])
+    with pytest.raises(DataError, match=r"ptb\.valid\.txt is not UTF-8: byte 0xff at byte offset 20"):
+        list(corpus.read_lines(ptb / "ptb.valid.txt"))
+    # plain text (task.data.files, also the mlm task's)
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(DataError, match=r"blank\.txt holds no text"):
+        datamodule(files=[str(TEXT / "paragraphs.txt"), str(tmp_path / "blank.txt")])
+    (tmp_path / "latin1.txt").write_bytes("na\u00efve text\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.txt is not UTF-8: byte 0xef at byte offset 2"):
+        datamodule(files=[str(tmp_path / "latin1.txt")])
+
+
 # --------------------------------------------------------------------------------------------
 # Debian running text
 # --------------------------------------------------------------------------------------------

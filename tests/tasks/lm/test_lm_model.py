@@ -8,11 +8,12 @@ import pytorch_lightning as pl
 import torch
 from helpers.cards import TINY
 from helpers.cli import QUIET, metrics_files, run_cli
+from helpers.modules import task_module
 from helpers.paths import FIXTURES as FIXTURE_ROOT
 from torch.utils.data import DataLoader, DistributedSampler
 
+from attnlab.attention import KVCache, PrefixCache
 from tasks.common.decoding import sample
-from tasks.common.incremental import KVCache, PrefixCache
 from tasks.lm.datamodule import LMDataModule
 from tasks.lm.embeddings import AdaptiveEmbedding
 from tasks.lm.module import LMModule
@@ -26,8 +27,8 @@ def tiny_module(scheme: str = "unas", **kwargs) -> LMModule:
     torch.manual_seed(0)
     order = torch.randperm(V).tolist()  # adaptive bands over a shuffled vocabulary
     sizes = {"d_model": 16, "nhead": 2, "num_layers": 2, "dim_feedforward": 32, "dropout": 0.0}
-    return LMModule({"scheme": scheme}, vocab_size=V, pad_id=PAD, eos_id=EOS, block_size=BLOCK,
-                    adaptive_cutoffs=[5, 15], token_order=order, **{**sizes, **kwargs}).eval()
+    return task_module("lm", {"scheme": scheme}, vocab_size=V, pad_id=PAD, eos_id=EOS, block_size=BLOCK,
+                       **{"adaptive_cutoffs": [5, 15], "token_order": order, **sizes, **kwargs}).eval()
 
 
 def validate(module: LMModule, stream: torch.Tensor, stride: int) -> dict:
@@ -45,7 +46,7 @@ def plain_loss(module: LMModule, stream: torch.Tensor, context_start) -> float:
     total = 0.0
     for t in range(len(stream)):
         inputs = x[context_start(t) : t + 1][None]
-        log_probs = torch.log_softmax(module.model.logits(module.model(inputs)[0, -1]), -1)
+        log_probs = torch.log_softmax(module.net.logits(module.net(inputs)[0, -1]), -1)
         total -= float(log_probs[stream[t]])
     return total / len(stream)
 
@@ -88,7 +89,7 @@ def test_adaptive_softmax_is_a_distribution_and_its_nll_is_the_full_one():
 @torch.no_grad()
 def test_generation_with_the_cache_equals_generation_by_rerunning_the_prefix():
     module = tiny_module("unas")
-    model = module.model
+    model = module.net
     prompts = torch.randint(2, V, (3, 4))
     # one step with cached keys/values equals the full pass over the prefix
     cache = model.start_decoding()
@@ -115,7 +116,7 @@ def test_generation_with_the_cache_equals_generation_by_rerunning_the_prefix():
 def test_cascades_decode_row_by_row_with_the_cache(scheme):
     """CODA's and RealFormer's logits of the newest query depend on the same row of the layer
     before: a step carries that row and equals the full pass over the prefix."""
-    model = tiny_module(scheme).model
+    model = tiny_module(scheme).net
     prompts = torch.randint(2, V, (2, 5))
     cache = model.start_decoding()
     assert isinstance(cache, KVCache)
@@ -153,8 +154,9 @@ def test_a_checkpoint_reloads_the_token_order_and_scores_the_same(tmp_path):
     path = tmp_path / "lm.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": pl.__version__}, path)
-    reloaded = LMModule.load_from_checkpoint(path, weights_only=False).eval()
-    assert torch.equal(reloaded.model.embed.rank, module.model.embed.rank)  # not the identity of a fresh model
+    reloaded = tiny_module("unas", token_order=None)  # as eval.py builds it, then the checkpoint's state
+    reloaded.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
+    assert torch.equal(reloaded.net.embed.rank, module.net.embed.rank)  # not the identity of a fresh model
     assert validate(reloaded, stream, stride=4)["val/loss"] == pytest.approx(before, rel=1e-6)
 
 

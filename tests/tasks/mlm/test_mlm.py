@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.modules import task_module
 from helpers.paths import FIXTURES as FIXTURE_ROOT
 
 from attnlab.errors import ConfigError, DataError
@@ -13,21 +14,21 @@ from tasks.common import bert_assets
 from tasks.common.debian import read_translation_file
 from tasks.mlm.datamodule import MLMDataModule, pack_paragraphs
 from tasks.mlm.masking import IGNORE
-from tasks.mlm.module import MLMModule
 
 FIXTURES = FIXTURE_ROOT / "text"
 TRANSLATIONS = [FIXTURES / "Translation-en", FIXTURES / "Translation-en-updates",
                 FIXTURES / "Translation-en-security"]
 PLAIN = FIXTURES / "paragraphs.txt"
 TINY_MODEL = {"d_model": 32, "num_layers": 2, "nhead": 2, "dim_feedforward": 64}
+OPTIMIZERS = {"adamw": "torch.optim.AdamW", "lamb": "pytorch_optimizer.Lamb"}
 
 
 def test_init_bert_equals_transformers_bert_model():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    module = MLMModule(attention={"scheme": "unas"}, vocab_size=30522, init="bert").eval()
+    module = task_module("mlm", {"scheme": "unas"}, vocab_size=30522, init="bert").eval()
     reference = transformers.BertModel.from_pretrained(str(bert_assets.bert_dir()), add_pooling_layer=False).eval()
-    assert len(module.model.encoder.layers) == bert_assets.bert_config()["num_hidden_layers"]
+    assert len(module.net.encoder.layers) == bert_assets.bert_config()["num_hidden_layers"]
 
     sentences = [r.synopsis for r in read_translation_file(TRANSLATIONS[0])]
     sentences += [p for r in read_translation_file(TRANSLATIONS[0]) for p in r.paragraphs][:4]
@@ -38,23 +39,23 @@ def test_init_bert_equals_transformers_bert_model():
     assert (~valid).any()  # the batch really has padding
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=valid.long()).last_hidden_state
-        ours = module.model.encoder(ids, padding_mask=~valid)
+        ours = module.net.encoder(ids, padding_mask=~valid)
     # padded positions are zero-attention rows in our layers; compare the real tokens
     assert (ours[valid] - expected[valid]).abs().max().item() < 1e-4
 
 
 def test_init_bert_keeps_hnas_mix_and_rejects_other_vocabularies():
-    module = MLMModule(attention={"scheme": "hnas", "hybrid_init": 0.3}, vocab_size=30522, init="bert")
-    layer = module.model.encoder.layers[0].self_attn
+    module = task_module("mlm", {"scheme": "hnas", "hybrid_init": 0.3}, vocab_size=30522, init="bert")
+    layer = module.net.encoder.layers[0].self_attn
     assert torch.allclose(layer.normalizer.u, torch.full((12,), 0.3))
     state = bert_assets.load_bert_state_dict()
     assert torch.equal(layer.q_proj.weight, state["encoder.layer.0.attention.self.query.weight"])
     # the MLM decoder is tied to the word embeddings
-    assert module.model.head.word_embeddings.weight is module.model.encoder.embeddings.word_embeddings.weight
+    assert module.net.head.word_embeddings.weight is module.net.encoder.embeddings.word_embeddings.weight
     with pytest.raises(ConfigError, match="tokenizer"):
-        MLMModule(attention="unas", vocab_size=1000, init="bert")
+        task_module("mlm", "unas", vocab_size=1000, init="bert")
     with pytest.raises(ConfigError, match="task.init"):
-        MLMModule(attention="unas", vocab_size=1000, init="roberta")
+        task_module("mlm", "unas", vocab_size=1000, init="roberta")
 
 
 def test_packing_keeps_every_token_and_separates_words():
@@ -111,8 +112,8 @@ def _tiny_run(tmp_path, attention, optimizer, data, **module_args):
     dm = MLMDataModule(max_length=48, batch_size=4, seed=0, **data)
     dm.prepare_data()
     dm.setup("fit")
-    module = MLMModule(attention=attention, optimizer=optimizer, lr=1e-3, **TINY_MODEL, **module_args,
-                       **dm.model_kwargs())
+    module = task_module("mlm", attention, dm.model_kwargs(), **{"optimizer._target_": OPTIMIZERS[optimizer]},
+                         lr=1e-3, **TINY_MODEL, **module_args)
     trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
                          accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
@@ -130,14 +131,14 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     debian.prepare(tmp_path / "debian", files=TRANSLATIONS)  # what `make data` makes, from the fixture
     _, module, fitted, tested = _tiny_run(tmp_path, {"scheme": "hnas", "hybrid_init": 0.5}, "adamw", data,
                                           hybrid_lr=0.1, norm_first=True)
-    assert module.model.encoder.layers[0].norm_first
+    assert module.net.encoder.layers[0].norm_first
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/ppl"):
         assert math.isfinite(fitted[name]), name
     # perplexity is exp of the token-mean cross-entropy on the masked tokens
     assert abs(math.log(tested["test/ppl"]) - tested["test/loss"]) < 1e-3
     assert 0.0 <= tested["test/acc"] <= 1.0
     # u is trained, in an optimizer group of its own (learning rate hybrid_lr, no weight decay)
-    logits = [layer.self_attn.normalizer.hybrid_logit for layer in module.model.encoder.layers]
+    logits = [layer.self_attn.normalizer.hybrid_logit for layer in module.net.encoder.layers]
     assert all(logit.detach().abs().min().item() > 0 for logit in logits)  # all moved from u = 0.5
     (group,) = [g for g in module.trainer.optimizers[0].param_groups if g["params"][0] is logits[0]]
     assert group["initial_lr"] == 0.1 and group["weight_decay"] == 0.0

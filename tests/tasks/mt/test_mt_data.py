@@ -281,8 +281,8 @@ def test_datamodule_batches_debian_pairs(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     kwargs = dm.model_kwargs()
-    assert kwargs["vocab_size"] == dm.tokenizer.get_vocab_size() <= 320
-    assert (kwargs["pad_id"], kwargs["bos_id"], kwargs["eos_id"], kwargs["unk_id"]) == (0, 1, 2, 3)
+    assert kwargs["net"]["vocab_size"] == dm.tokenizer.get_vocab_size() <= 320
+    assert (kwargs["net"]["pad_id"], kwargs["bos_id"], kwargs["eos_id"], kwargs["unk_id"]) == (0, 1, 2, 3)
     assert Path(kwargs["tokenizer_file"]).is_file() and Path(kwargs["tokenizer_file"]).parent == tmp_path / "tok"
     batches = list(dm.train_dataloader())
     assert sum(len(b["sources"]) for b in batches) == len(dm.data["train"])
@@ -332,6 +332,54 @@ def test_datamodule_configuration_errors(tmp_path):
         TranslationDataModule(source="wmt")
     with pytest.raises(DataError, match=r"valid\.de.*task.data_dir"):
         TranslationDataModule(source="files", data_dir=str(tmp_path), tokenizer_dir=str(tmp_path)).prepare_data()
+
+
+def _fairseq_copy(folder: Path) -> Path:
+    folder.mkdir()
+    for path in IWSLT.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+def _files_module(data_dir: Path, tok: Path) -> TranslationDataModule:
+    return TranslationDataModule(source="files", data_dir=str(data_dir), tokenizer_dir=str(tok),
+                                 vocab_size=300, min_frequency=1)
+
+
+def test_misaligned_training_files_fail_before_the_bpe_is_trained(tmp_path):
+    data = _fairseq_copy(tmp_path / "data")
+    lines = (data / "train.en").read_text(encoding="utf-8").split("\n")
+    (data / "train.en").write_text("\n".join(lines[1:]), encoding="utf-8")  # one line fewer
+    dm = _files_module(data, tmp_path / "tok")
+    with pytest.raises(DataError) as err:
+        dm.prepare_data()
+    assert "train.de has 8 lines" in str(err.value) and "train.en has 7" in str(err.value)
+    assert not list(tmp_path.glob("tok/bpe*.json"))  # no vocabulary trained or cached
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_byte_offset(tmp_path):
+    data = _fairseq_copy(tmp_path / "data")
+    text = (data / "train.de").read_bytes()
+    first_line = text.index(b"\n") + 1
+    (data / "train.de").write_bytes(text[:first_line] + "Größe\n".encode("latin-1") + text[first_line:])
+    (data / "train.en").write_bytes(b"size\n" + (data / "train.en").read_bytes())
+    with pytest.raises(DataError) as err:
+        _files_module(data, tmp_path / "tok").prepare_data()
+    message = str(err.value)
+    assert str(data / "train.de") in message and "not UTF-8" in message
+    assert f"byte 0xf6 at byte offset {first_line + 2}" in message  # the "ö" of "Größe"
+    assert not list(tmp_path.glob("tok/bpe*.json"))
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_empty_split_files_fail_before_the_bpe_is_trained(tmp_path, split):
+    data = _fairseq_copy(tmp_path / "data")
+    name = parallel.SPLIT_FILES[split]
+    (data / f"{name}.de").write_text("")
+    (data / f"{name}.en").write_text("")
+    with pytest.raises(DataError, match=f"the mt {split} split .* is empty"):
+        _files_module(data, tmp_path / "tok").prepare_data()
+    assert not list(tmp_path.glob("tok/bpe*.json"))
 
 
 def test_task_config_builds_the_datamodule(tmp_path):

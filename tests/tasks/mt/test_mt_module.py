@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+from functools import partial
 
 import pytest
 import pytorch_lightning as pl
@@ -16,40 +17,50 @@ from helpers.seq2seq_cases import assert_beam_one_is_greedy, padded_sources, pea
 
 from attnlab.callbacks.calibration import predictions
 from attnlab.errors import ConfigError
-from tasks.common.optim import inverse_sqrt
+from tasks.common.optim import inverse_sqrt, inverse_sqrt_schedule
+from tasks.common.seq2seq import Seq2SeqTransformer
 from tasks.mt.datamodule import TranslationDataModule
 from tasks.mt.module import TranslationModule
 
 IWSLT = FIXTURE_ROOT / "mt" / "iwslt14"
-TINY = {"d_model": 16, "nhead": 2, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 32,
-        "dropout": 0.0, "val_decode_batches": 1, "beam_size": 2, "max_len_a": 0.0, "max_len_b": 6}
+# the net in fairseq's style, as conf/task/mt.yaml builds it
+FAIRSEQ = {"positions": "sinusoidal", "lm_head": False, "weight_init": "fairseq", "activation": "relu",
+           "layer_norm_eps": 1e-5}
+TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 32,
+            "dropout": 0.0, "attention_dropout": 0.0, **FAIRSEQ}
+TINY = {"val_decode_batches": 1, "beam_size": 2, "max_len_a": 0.0, "max_len_b": 6}
+DATA = {"bos_id": 1, "eos_id": 2, "tokenizer_file": "unused.json",
+        "net": {"vocab_size": 40, "pad_id": 0, "max_source_positions": 16, "max_target_positions": 12}}
 
 
-def tiny_module(attention="unas", vocab_size=40, **kwargs) -> TranslationModule:
-    args = {"vocab_size": vocab_size, "pad_id": 0, "bos_id": 1, "eos_id": 2, "tokenizer_file": "unused.json",
-            "max_source_positions": 16, "max_target_positions": 12, **TINY, **kwargs}
-    return TranslationModule(attention, **args)
+def tiny_module(attention="unas", data=DATA, lr=5e-4, warmup=4000, net_options=None, **kwargs) -> TranslationModule:
+    """The module as the runner builds it: the data's sizes into the net, the rest to the module."""
+    data = dict(data)
+    net = Seq2SeqTransformer(attention=attention, **{**TINY_NET, **(net_options or {})}, **data.pop("net"))
+    optimizer = partial(torch.optim.AdamW, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=1e-4)
+    return TranslationModule(net=net, optimizer=optimizer, scheduler=partial(inverse_sqrt_schedule, warmup=warmup),
+                             **{**TINY, **data, **kwargs})
 
 
 def test_query_normalized_schemes_stay_in_the_encoder_and_the_decoder_guard_holds():
-    model = tiny_module({"scheme": "dnas"}).model
+    model = tiny_module({"scheme": "dnas"}).net
     assert {layer.self_attn.scheme for layer in model.encoder_layers} == {"dnas"}
     assert {m.scheme for layer in model.decoder_layers for m in (layer.self_attn, layer.cross_attn)} == {"unas"}
-    coda = tiny_module({"scheme": "coda", "normalization": "hnas"}).model
+    coda = tiny_module({"scheme": "coda", "normalization": "hnas"}).net
     assert coda.encoder_layers[1].self_attn.spec.normalization == "hnas"
     assert {layer.cross_attn.spec.normalization for layer in coda.decoder_layers} == {"unas"}
     assert coda.decoder_layers[1].cross_attn.transform.receives_logits  # cross-attention cascades
     for scheme in ("dnas", "hnas", "sinkhorn"):
         with pytest.raises(ConfigError, match="decoder attention .* normalizes over queries"):
-            tiny_module("unas", decoder_attention=scheme)
+            tiny_module("unas", net_options={"decoder_attention": scheme})
 
 
 # weight scales and EOS nudges under which some rows end early and others run to the max length
 @pytest.mark.parametrize("scheme, scale, eos_bias", [("unas", 1.0, 0.3), ("coda", 4.0, 0.3)])
 def test_beam_one_equals_greedy_on_the_mt_model(one_thread, scheme, scale, eos_bias):
     torch.manual_seed(0)
-    module = tiny_module(scheme, dropout=0.1).eval()
-    model = peaked(module.model, scale, eos_bias)
+    module = tiny_module(scheme, net_options={"dropout": 0.1}).eval()
+    model = peaked(module.net, scale, eos_bias)
     src, mask = padded_sources([9, 4, 16, 1, 7, 12], vocab=40)
     assert_beam_one_is_greedy(model, src, mask, max_length=10)
 
@@ -67,8 +78,8 @@ def test_fit_and_test_write_predictions_and_sacrebleu_scores(tmp_path, one_threa
                                vocab_size=300, min_frequency=1, batch_size=7, eval_batch_size=2)
     dm.prepare_data()
     dm.setup("fit")
-    module = TranslationModule("hnas", **dm.model_kwargs(), **dict(TINY, max_len_b=12), lr=3e-2,
-                               warmup_steps=5, hybrid_lr=0.05, bleu_tokenize="none")
+    module = tiny_module("hnas", dm.model_kwargs(), lr=3e-2, warmup=5, max_len_b=12, hybrid_lr=0.05,
+                         bleu_tokenize="none")
     # forward: the logits and labels of the real target tokens (what Calibration reads)
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
@@ -84,11 +95,11 @@ def test_fit_and_test_write_predictions_and_sacrebleu_scores(tmp_path, one_threa
                          num_sanity_val_steps=0, check_val_every_n_epoch=30)
     train_batch = next(iter(dm.train_dataloader()))  # the whole training set (7 pairs)
     with torch.no_grad():
-        before = module._loss(*module.eval()(train_batch), 0.0).item()
+        before = module.eval().loss(train_batch, 0.0).item()
     module.train()
     trainer.fit(module, datamodule=dm)
     with torch.no_grad():
-        after = module._loss(*module.eval()(train_batch), 0.0).item()
+        after = module.eval().loss(train_batch, 0.0).item()
     assert after < 0.6 * before, (before, after)  # 30 steps: the training pairs are learned
     assert {"val/loss", "val/bleu", "val/chrf"} <= set(trainer.callback_metrics)
     # the schedule: inverse sqrt after 5 warmup steps; HNAS's u in its own group

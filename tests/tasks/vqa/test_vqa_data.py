@@ -9,7 +9,7 @@ import torch
 from helpers.paths import FIXTURES as FIXTURE_ROOT
 
 from attnlab.errors import ConfigError, DataError
-from tasks.vqa import synthetic
+from tasks.vqa import synthetic, synthetic_questions, synthetic_scenes
 from tasks.vqa.datamodule import VQADataModule, build_answer_vocab
 from tasks.vqa.vqav2 import MMFFeatures, read_split
 
@@ -173,7 +173,7 @@ def test_generator_views_and_questions_are_well_formed():
     assert 0.8 * 36 <= n_questions <= 36  # balancing may drop a few
     assert data["train_answers"].shape == (n_questions, 10)
     assert data["train_hidden"].shape == (n_questions,)
-    assert set(data["train_question_type"]) == set(synthetic.QUESTION_TYPES)
+    assert set(data["train_question_type"]) == set(synthetic_questions.QUESTION_TYPES)
     assert data["train_image"].max() == 11
 
 
@@ -242,9 +242,9 @@ def test_questions_are_balanced_per_question_string(medium):
 
 
 def test_question_programs_and_hidden_flag_on_a_hand_made_scene():
-    red, blue = synthetic.ATTRIBUTES["color"].index("red"), synthetic.ATTRIBUTES["color"].index("blue")
-    cube = synthetic.ATTRIBUTES["shape"].index("cube")
-    sphere = synthetic.ATTRIBUTES["shape"].index("sphere")
+    red, blue = synthetic_scenes.ATTRIBUTES["color"].index("red"), synthetic_scenes.ATTRIBUTES["color"].index("blue")
+    cube = synthetic_scenes.ATTRIBUTES["shape"].index("cube")
+    sphere = synthetic_scenes.ATTRIBUTES["shape"].index("sphere")
     scene = [
         {"shape": cube, "color": red, "size": 0, "material": 0, "primary": True},
         {"shape": cube, "color": red, "size": 1, "material": 0, "primary": False},
@@ -252,25 +252,25 @@ def test_question_programs_and_hidden_flag_on_a_hand_made_scene():
     ]
     visible = [o for o in scene if o["primary"]]
     count_red_cubes = ("count", {"color": red, "shape": cube})
-    assert synthetic._render(count_red_cubes) == "how many red cubes are there ?"
-    assert synthetic._evaluate(count_red_cubes, scene) == "2"
-    assert synthetic._evaluate(count_red_cubes, visible) == "1"  # a hidden question
+    assert synthetic_questions.render(count_red_cubes) == "how many red cubes are there ?"
+    assert synthetic_questions.evaluate(count_red_cubes, scene) == "2"
+    assert synthetic_questions.evaluate(count_red_cubes, visible) == "1"  # a hidden question
     exist_sphere = ("exist", {"shape": sphere})
-    assert (synthetic._evaluate(exist_sphere, scene), synthetic._evaluate(exist_sphere, visible)) == ("yes", "no")
+    assert (synthetic_questions.evaluate(exist_sphere, scene), synthetic_questions.evaluate(exist_sphere, visible)) == ("yes", "no")
     query = ("query", "color", {"size": 1, "shape": sphere})
-    assert synthetic._render(query) == "what color is the large sphere ?"
-    assert synthetic._evaluate(query, scene) == "blue" and synthetic._evaluate(query, visible) is None
-    assert synthetic._evaluate(("query", "size", {"shape": cube}), scene) is None  # two cubes
+    assert synthetic_questions.render(query) == "what color is the large sphere ?"
+    assert synthetic_questions.evaluate(query, scene) == "blue" and synthetic_questions.evaluate(query, visible) is None
+    assert synthetic_questions.evaluate(("query", "size", {"shape": cube}), scene) is None  # two cubes
     more = ("more", {"color": red}, {"color": blue})
-    assert synthetic._render(more) == "are there more red objects than blue objects ?"
-    assert synthetic._evaluate(more, scene) == "yes"
-    assert synthetic._evaluate(("fewer", {"color": red}, {"color": blue}), scene) == "no"
+    assert synthetic_questions.render(more) == "are there more red objects than blue objects ?"
+    assert synthetic_questions.evaluate(more, scene) == "yes"
+    assert synthetic_questions.evaluate(("fewer", {"color": red}, {"color": blue}), scene) == "no"
 
 
 def test_hidden_questions_are_those_the_primary_view_cannot_answer(medium):
     _, data = medium
     hidden, types = data["train_hidden"], data["train_question_type"]
-    for qtype in synthetic.QUESTION_TYPES:
+    for qtype in synthetic_questions.QUESTION_TYPES:
         share = hidden[types == qtype].mean()
         assert 0.05 < share < 0.7, (qtype, share)
     # removing objects never turns "is there ...?" from no into yes: a "no" is never hidden

@@ -3,6 +3,7 @@
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.modules import task_module
 
 from attnlab.attention import (
     AttentionSpec,
@@ -14,7 +15,6 @@ from attnlab.attention import (
 from attnlab.errors import ConfigError
 from tasks.vqa.datamodule import VQADataModule
 from tasks.vqa.model import MultiViewFusion, VQAModel
-from tasks.vqa.module import VQAModule
 
 TINY = {
     "n_train_images": 16,
@@ -86,13 +86,14 @@ def tiny_data(tmp_path_factory):
 @pytest.mark.parametrize("fusion", ["attention", "primary", "concat"])
 def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     pl.seed_everything(0)
-    module = VQAModule(
+    module = task_module(
+        "vqa",
         {"scheme": "hnas", "hybrid_init": 0.5},
+        tiny_data.model_kwargs(),
         fusion=fusion,
         embed_dim=16,
         hidden_dim=32,
         attention_dim=16,
-        **tiny_data.model_kwargs(),
     )
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     trainer = pl.Trainer(
@@ -108,10 +109,10 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     metrics = trainer.callback_metrics
     assert torch.isfinite(metrics["train/loss"]) and 0.0 <= metrics["val/acc"] <= 1.0
     changed = [n for n, p in module.named_parameters() if not torch.equal(p, before[n])]
-    assert "model.classifier.3.weight" in changed
+    assert "net.classifier.3.weight" in changed
     if fusion == "attention":  # gradients reach the fusion attention, u included
-        assert "model.fusion.attention.0.normalizer.hybrid_logit" in changed
-        assert "model.fusion.attention.1.k_proj.weight" in changed
+        assert "net.fusion.attention.0.normalizer.hybrid_logit" in changed
+        assert "net.fusion.attention.1.k_proj.weight" in changed
     for name, param in module.named_parameters():
         assert torch.isfinite(param).all(), name
     result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
@@ -122,7 +123,7 @@ def test_each_fusion_trains_and_reports_accuracy(tiny_data, fusion):
     fusion_stats = {f"test/{name}_l{l}" for name in ("explained_away", "min_col_sum_x_S") for l in (0, 1)}
     if fusion == "attention":  # weights are recorded only while testing
         assert fusion_stats <= set(result)
-        assert not any(layer._recorders for layer in module.model.fusion.attention)
+        assert not any(layer._recorders for layer in module.net.fusion.attention)
     else:
         assert not fusion_stats & set(result)
 
@@ -196,21 +197,21 @@ def test_test_statistics_cover_every_test_batch_with_head_diversity_on(tiny_data
 
     pl.seed_everything(0)
     tiny_data.eval_batch_size = 5  # 16 test questions: 4 batches
-    module = VQAModule("dnas", fusion_heads=4, embed_dim=16, hidden_dim=32, attention_dim=16,
-                       **tiny_data.model_kwargs()).eval()
+    module = task_module("vqa", "dnas", tiny_data.model_kwargs(), fusion_heads=4, embed_dim=16, hidden_dim=32,
+                         attention_dim=16).eval()
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[HeadDiversity(max_batches=1)],
                          default_root_dir=tmp_path)
     result = trainer.test(module, datamodule=tiny_data, verbose=False)[0]
     assert "test/avg_jsd" in result
-    expected = [ColumnStats(BOX_KINDS) for _ in module.model.fusion.attention]
+    expected = [ColumnStats(BOX_KINDS) for _ in module.net.fusion.attention]
     batches = list(tiny_data.test_dataloader())
     assert len(batches) >= 2  # more batches than the callback records
     with torch.no_grad():
         for batch in batches:
-            with record_attention(module.model.fusion.attention) as rec:
+            with record_attention(module.net.fusion.attention) as rec:
                 module(batch)
-            for l, (stats, view) in enumerate(zip(expected, module.model.fusion.secondary_views)):
+            for l, (stats, view) in enumerate(zip(expected, module.net.fusion.secondary_views)):
                 r = rec.records[str(l)]
                 stats.update(r.column_sums, r.key_padding_mask, r.query_padding_mask, batch["box_kind"][:, view])
     tiny_data.eval_batch_size = tiny_data.batch_size

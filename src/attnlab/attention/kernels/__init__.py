@@ -1,11 +1,16 @@
-"""Kernels that the schemes' fast paths run (attnlab.attention.paths says which serves what):
+"""Every kernel that the schemes' fast paths run (`attnlab.attention.paths` says which path runs
+which kernel, and when; docs/attention.md has the table):
 
 - `sdpa.py`: UNAS through `scaled_dot_product_attention` (CUDA flash / memory-efficient; CPU flash
   and math), with key and query padding, causal masks and dropout;
+- `fused.py` + `csrc/`: the fused C++ CPU kernel for DNAS / HNAS (and UNAS with dropout or very
+  large scores), compiled on first use (`fused.prebuild()` ahead of time, as `make install` does);
+- `composed.py`: DNAS / HNAS composed from ATen's CPU flash kernel, where the C++ kernel cannot be
+  built;
 - `triton_query_normalized.py` (+ `_triton_kernels.py`): DNAS / HNAS on CUDA as Triton kernels
   (triton is imported lazily: CPU-only installs never need it);
 - `dropout.py`: the counter-based dropout mask that every kernel (C++, Triton) and the reference
   regenerate from one seed.
 
-The fused C++ CPU kernel lives in `../fused.py` + `../csrc/`, the composed fallback in `../composed.py`.
+Nothing here imports the schemes: kernels take tensors and return tensors.
 """

@@ -8,7 +8,6 @@ import importlib
 import pkgutil
 
 from attnlab.attention.schemes.base import (
-    AttentionCall,
     LogitTransform,
     NoOptions,
     Normalizer,
@@ -35,7 +34,6 @@ for _info in pkgutil.iter_modules(__path__):
 __all__ = [
     "NORMALIZERS",
     "TRANSFORMS",
-    "AttentionCall",
     "LogitTransform",
     "NoOptions",
     "Normalizer",

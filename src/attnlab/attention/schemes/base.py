@@ -20,14 +20,15 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention.kernels import dropout
+from attnlab.attention.paths import AttentionCall, PathFunction
 from attnlab.attention.reference import compute_dtype, masked_logits, output_dtype
 from attnlab.errors import ConfigError
 
@@ -35,27 +36,6 @@ from attnlab.errors import ConfigError
 @dataclass(frozen=True)
 class NoOptions:
     """A scheme without options."""
-
-
-@dataclass(frozen=True)
-class AttentionCall:
-    """One attention computation, as every path sees it (masks: bool (B, S), True = padding)."""
-
-    q: Tensor  # (B, H, S_q, d)
-    k: Tensor  # (B, H, S_k, d)
-    v: Tensor  # (B, H, S_k, d_v)
-    key_padding_mask: Tensor | None = None
-    query_padding_mask: Tensor | None = None
-    causal: bool = False
-    dropout_p: float = 0.0
-    inputs: dict[str, Tensor] = field(default_factory=dict)  # scheme inputs, e.g. HNAS's u
-
-    @property
-    def device_type(self) -> str:
-        return self.q.device.type
-
-
-FastPath = Callable[["Normalizer", AttentionCall], "Tensor | None"]
 
 
 # ----------------------------------------------------------------------------- options
@@ -106,7 +86,7 @@ class Normalizer(nn.Module):
     Options: ClassVar[type] = NoOptions
     # names of the tensors the computation needs besides q, k, v (HNAS: "u")
     input_names: ClassVar[tuple[str, ...]] = ()
-    fast_paths: ClassVar[tuple[FastPath, ...]] = ()
+    fast_paths: ClassVar[tuple[PathFunction, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -242,10 +222,17 @@ class LogitTransform(nn.Module):
 
     `receives_logits` is fixed when the module is built: False for the first layer of a stack
     (it has no previous layer), True for the others, which must be given the previous logits.
+
+    `row_wise` declares that the logits of a (query, key) pair depend only on that pair's scores
+    and previous logits (across heads, in eval mode): then incremental decoding can cache keys
+    and values and carry the newest query's row of logits from layer to layer
+    (attnlab.attention.kv_cache). The default, False, is the safe answer: such a stack decodes by
+    re-running the prefix at every step, which is exact for any transform.
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    row_wise: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, num_heads: int = 1, receives_logits: bool = False) -> None:
         super().__init__()

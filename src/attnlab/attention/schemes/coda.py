@@ -69,6 +69,8 @@ class HeadMixer(nn.Module):
 class Coda(LogitTransform):
     name = "coda"
     Options = CodaOptions
+    # the head MLP mixes the heads of one (query, key) pair; the noise is off in eval
+    row_wise = True
 
     def __init__(self, options: CodaOptions | None = None, num_heads: int = 1,
                  receives_logits: bool = False) -> None:

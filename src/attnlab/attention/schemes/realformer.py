@@ -11,6 +11,7 @@ from attnlab.attention.schemes.registry import register
 @register
 class RealFormer(LogitTransform):
     name = "realformer"
+    row_wise = True  # z_ij = C_ij + z_prev_ij
 
     def forward(self, scores: Tensor, previous: Tensor | None) -> Tensor:
         return scores if previous is None else scores + previous

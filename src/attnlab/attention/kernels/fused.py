@@ -5,7 +5,7 @@ blocks of queries, and the exact gradient (including the part through the column
 never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math.
 Attention dropout runs inside it: a counter-based keep mask (kernels/dropout.py) that the
 backward regenerates from the saved seed. UNAS uses it where ATen's flash kernel does not serve
-(dropout; scores too large for it), see kernels/__init__.py.
+(dropout; scores too large for it), see attnlab.attention.paths.
 
 It is compiled on first use with the machine's C++ compiler (about 15 s; `make install` does it
 ahead of time) into a cache directory keyed by the source, the torch version and the CPU's
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from attnlab.attention.kernels import dropout
 
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
 HEADERS = (SOURCE.with_name("rows.h"),)
@@ -125,8 +127,6 @@ class _FusedAttention(torch.autograd.Function):
 
 
 def _apply(q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask):
-    from attnlab.attention.kernels import dropout  # (kernels imports this module)
-
     masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
     dropout_p = float(dropout_p)
     if dropout_p > 0.0 and keep_mask is None and seed is None:

@@ -1,5 +1,9 @@
 """Claim: multi-view VQA (DNAS paper, Table 1 and Fig. 3): fusing detector views with DNAS/HNAS.
 
+VQA's own claim for `python -m attnlab.reproduce`: the task's card lists this module
+(`task.card.reproduce.claims: [..., tasks.vqa.claim, ...]`) and attnlab.reproduce.registry imports
+it by that name, so the library never imports the task.
+
 UNAS, DNAS and HNAS fusions against the primary-view-only and concatenation baselines, over the
 claim's seeds, on two synthetic benchmarks:
 
@@ -25,7 +29,6 @@ more than the standard errors; the accuracy ordering is reported as it comes out
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,8 @@ from attnlab import report
 from attnlab.attention import attention_weights
 from attnlab.reproduce.plan import Plan, Run
 from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, ClaimResult, Results, not_run
+from tasks.vqa import datamodule as vqa_data
+from tasks.vqa import synthetic
 
 NAME = "multiview_vqa"
 TITLE = "Multi-view VQA"
@@ -87,13 +92,9 @@ def _layer_mean(results: Results, run: Run, name: str) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def initial_column_sums(plan: Plan, record: dict, n_images: int = 100) -> dict[str, dict[str, np.ndarray]]:
+def initial_column_sums(record: dict, n_images: int = 100) -> dict[str, dict[str, np.ndarray]]:
     """Column sums of the identity-initialized fusion on a run's test data: {scheme: {box kind:
     column sums of every box of that kind in the secondary views}}."""
-    sys.path.insert(0, str(plan.root))  # the task's generator, as train.py imports it
-    from tasks.vqa import datamodule as vqa_data
-    from tasks.vqa import synthetic
-
     config = OmegaConf.load(Path(record["run_dir"]) / "config.yaml")
     params = vqa_data.synthetic_params(OmegaConf.to_container(config.task.synthetic), config.task.max_boxes)
     data = synthetic.load(synthetic.prepare(config.task.data_dir, params))
@@ -175,7 +176,7 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
         record = next((results.get(r) for r in _runs_of(plan, benchmark, "UNAS") if results.get(r)), None)
         if not order or record is None:
             continue
-        initial[benchmark] = sums = initial_column_sums(plan, record)
+        initial[benchmark] = sums = initial_column_sums(record)
         median = {sc: {k: float(np.median(v)) if len(v) else math.nan for k, v in per.items()} for sc, per in sums.items()}
         for scheme, per in sums.items():
             start.append(f"| {benchmark} | {scheme.upper()} | " + " | ".join(f"{median[scheme][k]:.3g}" for k in BOX_KINDS)

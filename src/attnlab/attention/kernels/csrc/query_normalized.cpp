@@ -1,6 +1,6 @@
 // Fused UNAS / DNAS / HNAS attention for the CPU, with attention dropout: forward and backward
 // without any S_q x S_k tensor. (UNAS runs here only where ATen's flash kernel does not serve:
-// attention dropout, and scores too large for it; see kernels/__init__.py.)
+// attention dropout, and scores too large for it; see attnlab.attention.paths.)
 //
 // Per batch item b and head h, with scale = 1/sqrt(d), scores s_ij = scale q_i.k_j (i: queries,
 // rows; j: keys, columns), padded keys at s = -inf and padded queries left out of every column:
