@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?= model=hnas task=vqa
 export ATTNLAB_ROOT := $(CURDIR)
 
-.PHONY: install train test test-slow bench data lint clean
+.PHONY: install train test test-slow test-gpu gpu-check bench data lint clean
 
 install: $(STAMP)
 
@@ -31,6 +31,17 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# every `gpu` test (tests/gpu: the compiled CUDA kernels against the float64 reference), in a fresh
+# process without TRITON_INTERPRET (which would interpret them); skipped without CUDA
+test-gpu: install
+	env -u TRITON_INTERPRET $(BIN)/python -m pytest -m gpu -n0 $(PYTEST_ARGS)
+
+# what anyone with a GPU runs first: the gpu tests, the CUDA bench and a 30-step bf16 run of every
+# task with every scheme it takes, in one report (outputs/gpu_check/<time>/report.md); on a machine
+# without CUDA it stops at once, saying so
+gpu-check: install
+	$(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 bench: install
 	$(BIN)/python bench/attention.py $(BENCH_ARGS)

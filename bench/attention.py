@@ -4,14 +4,16 @@
     python bench/attention.py --quick    # S in 128, 512
     python bench/attention.py --methods unas_sdpa unas_dropout_fused unas_dropout_sdpa \
         unas_dropout_reference dnas_dropout_fused hnas_dropout_fused --seq 512 1024
-    python bench/attention.py --device cuda   # bf16 + fp32, S up to 8192 (bench/attention_cuda.py)
+    python bench/attention.py --device cuda   # bf16 + fp32, S up to 16384 (bench/attention_cuda.py)
 
 B=8, H=12, d=64, float32, `torch.set_num_threads(--threads)`. Each (method, S) runs in a fresh
 subprocess so that its peak memory (ru_maxrss of the child) is its own. On a shared machine wall
 time follows the load of the moment, so the subprocesses of one S run in --rounds interleaved
 rounds (every method once per round, --repeats timed runs each after a small warm-up) and the
-table gives the median over all runs, of wall time and of CPU time (the process's user + system
-time, which counts only the time it actually ran). Every ratio is to UNAS-SDPA of the same run.
+table gives the median (--stat min: the least disturbed run) over all runs, of wall time and of
+CPU time (the process's user + system time, which counts only the time it actually ran). Every
+ratio is to UNAS-SDPA of the same run. WORK_PER_SCORE (printed with the table) counts each
+path's matrix products and exponentials per score against flash's.
 Materialized methods whose S x S tensors would not fit --max-materialized-gib are skipped.
 The Markdown table is printed and written to bench/results/attention-<time>.md.
 """
@@ -36,6 +38,9 @@ METHODS = {
     "hnas_efficient": "HNAS efficient (fused kernel)",
     "dnas_composed": "DNAS composed flash (fallback)",
     "hnas_composed": "HNAS composed flash (fallback)",
+    # key and query padding (item b of the batch: its last b S / 32 positions padded)
+    "unas_padded_attend": "UNAS padded, attend (sdpa path)",
+    "unas_padded_sdpa": "UNAS padded, bare SDPA (key mask only)",
     # attention dropout 0.1 (training): the paths attend takes, and the alternatives
     "unas_dropout_fused": "UNAS dropout 0.1, fused kernel (attend)",
     "unas_dropout_sdpa": "UNAS dropout 0.1, SDPA (math backend)",
@@ -51,6 +56,25 @@ COMPOSED = ("dnas_composed", "hnas_composed")
 MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10,
                        "unas_dropout_sdpa": 4, "unas_dropout_reference": 6,
                        "hnas_dropout_reference": 11}
+# Work per score (one query-key pair) of each path, as (B, H, S, S)-sized matrix products of
+# inner size d (2 d FLOPs each) and exponentials, forward / backward; the backward includes the
+# scores it recomputes. Matmuls alone give each path's floor against flash (7): DNAS 9/7 =
+# 1.29x, HNAS 10/7 = 1.43x; the extra exponentials add to it (at d = 64 on a CPU an exponential
+# costs a noticeable fraction of a d-length product).
+WORK_PER_SCORE = """\
+| path | forward | backward | total | floor vs flash (matmuls) |
+|---|---|---|---|---|
+| flash (SDPA, UNAS) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
+| DNAS fused | 3 mm + 2 exp | 6 mm + 2 exp | 9 mm + 4 exp | 1.29x |
+| HNAS fused | 3 mm + 2 exp | 7 mm + 2 exp | 10 mm + 4 exp | 1.43x |
+| UNAS padded, attend | as flash, + O(S d) | as flash, + O(S d) | 7 mm + 2 exp | 1 |
+
+mm: flash fwd QK^T, PV; bwd QK^T, dP = g V^T, dV = P^T g, dQ = dS K, dK = dS^T Q. DNAS adds the
+column pass (KQ^T, column LSE) in the forward, and a first backward pass for the gradient
+through the column LSE (QK^T, dV = Pd^T g); HNAS's first pass needs g V^T as well (both row
+sums Dd, Du). HNAS gets its UNAS weights from the DNAS ones without an exp (Pu = Pd a_i b_j,
+csrc/fold.h) and mixes them before its one P V product (before that: 3 + 4 exp, 10 mm + 7 exp in all).
+"""
 FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 512)
 
@@ -84,6 +108,10 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         "hnas_efficient": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
         "dnas_composed": lambda q, k, v, u: attend(q, k, v, "dnas"),
         "hnas_composed": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
+        "unas_padded_attend": lambda q, k, v, u: attend(q, k, v, "unas", padded(q.shape[-2])[0],
+                                                        padded(q.shape[-2])[0]),
+        "unas_padded_sdpa": lambda q, k, v, u: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=padded(q.shape[-2])[1]),
         "unas_dropout_fused": lambda q, k, v, u: attend(q, k, v, "unas", dropout_p=0.1),
         "unas_dropout_sdpa": lambda q, k, v, u: F.scaled_dot_product_attention(q, k, v,
                                                                                dropout_p=0.1),
@@ -101,6 +129,21 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         q, k, v = (torch.randn(B, H, length, d, requires_grad=True) for _ in range(3))
         u = torch.full((1, H, 1, 1), 0.5, requires_grad=True)
         return q, k, v, u
+
+    def padding(length):
+        """Item b of the batch has its last b * length // 32 positions padded (item 0 none)."""
+        mask = torch.zeros(B, length, dtype=torch.bool)
+        for b in range(B):
+            mask[b, length - b * length // 32:] = True
+        return mask
+
+    masks = {}  # per length: (key padding = query padding, SDPA's bool mask, True = attend)
+
+    def padded(length):
+        if length not in masks:
+            mask = padding(length)
+            masks[length] = (mask, ~mask[:, None, None, :])
+        return masks[length]
 
     def forward(q, k, v, u):
         with torch.no_grad():
@@ -144,11 +187,13 @@ def run_config(method: str, S: int, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def merge(runs: list[dict]) -> dict:
-    """Median over all timed runs of all rounds; peak memory: the largest."""
+def merge(runs: list[dict], stat: str = "median") -> dict:
+    """Median (or min: on a loaded machine, the run least slowed by others) over all timed runs
+    of all rounds; peak memory: the largest."""
     if any("error" in r for r in runs):
         return next(r for r in runs if "error" in r)
-    merged = {key: statistics.median(x for r in runs for x in r[key])
+    reduce = min if stat == "min" else statistics.median
+    merged = {key: reduce([x for r in runs for x in r[key]])
               for key in ("fwd", "fwd_cpu", "fwdbwd", "fwdbwd_cpu")}
     merged["peak_gib"] = max(r["peak_gib"] for r in runs)
     return merged
@@ -169,6 +214,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="*", help="sequence lengths (overrides --quick)")
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--write-choices", action="store_true", help="cuda only: see attention_cuda.py")
     parser.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=["bf16", "fp32"],
                         help="cuda only")
     parser.add_argument("--cuda-methods", nargs="*", help="cuda only (default: all of them)")
@@ -178,6 +224,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per subprocess")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved subprocess rounds")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stat", default="median", choices=["median", "min"],
+                        help="over all timed runs (min: on a machine loaded by others)")
     parser.add_argument("--max-materialized-gib", type=float, default=8.0)
     parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -189,13 +237,9 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    if args.device == "cuda":
+    if args.device == "cuda":  # its own options and table: bench/attention_cuda.py
         import attention_cuda
-
-        attention_cuda.check_device()
-        args.repeats = max(args.repeats, 5)
-        write_table(attention_cuda.run(args), args, "attention-cuda")
-        return
+        return attention_cuda.main(sys.argv[1:])
     from attnlab.attention.kernels import fused
 
     fused.load()  # build the kernel once here, not inside a timed worker
@@ -215,7 +259,7 @@ def main() -> None:
                 if method not in skipped:
                     runs[method].append(run_config(method, S, args))
                     print(f"S={S} {method}: {runs[method][-1]}", file=sys.stderr, flush=True)
-        results = {m: skipped.get(m) or merge(runs[m]) for m in methods}
+        results = {m: skipped.get(m) or merge(runs[m], args.stat) for m in methods}
         base = results["unas_sdpa"]
         if "error" in base:
             raise SystemExit(f"UNAS-SDPA failed at S={S}: {base['error']}")
@@ -225,11 +269,12 @@ def main() -> None:
                 f"| {S} | {METHODS[method]} | {cell(res, base, 'fwd')} | "
                 f"{cell(res, base, 'fwdbwd')} | {cell(res, base, 'peak_gib')} |"
             )
+            print(rows[-1], file=sys.stderr, flush=True)  # each row as soon as it is known
     header = (
         f"B={args.batch}, H={args.heads}, d={args.head_dim}, float32, {args.threads} threads, "
-        f"median of {args.rounds} interleaved rounds x {args.repeats} runs; wall time (ratio) and "
+        f"{args.stat} of {args.rounds} interleaved rounds x {args.repeats} runs; wall time (ratio) and "
         f"CPU-time ratio, both to UNAS-SDPA of the same S in this run; "
-        f"peak = max RSS of the fresh process (fwd+bwd)\n\n"
+        f"peak = max RSS of the fresh process (fwd+bwd)\n\n{WORK_PER_SCORE}\n"
         "| S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|"
     )
     write_table(header + "\n" + "\n".join(rows) + "\n", args, "attention")

@@ -1,59 +1,138 @@
-"""The CUDA half of bench/attention.py (`python bench/attention.py --device cuda`).
+"""The CUDA benchmark: `python bench/attention.py --device cuda` (or this file directly).
 
-B=8, H=12, d=64, bf16 and fp32, S in 1024 ... 8192. Every method runs in this one process:
-after a warm-up (Triton compiles then), --repeats timed runs each of forward and forward +
-backward, synchronized, median; peak memory = torch.cuda.max_memory_allocated() during
-forward + backward (inputs and gradients included). Ratios are to UNAS through SDPA (flash +
-memory-efficient backends only) of the same S and dtype in this run. Materialized methods whose
-S x S tensors would not fit --max-materialized-gib are skipped.
+    python bench/attention.py --device cuda                    # bf16 + fp32, S = 1k ... 16k
+    python bench/attention.py --device cuda --seq 1024 4096 --dtypes bf16
+    python bench/attention.py --device cuda --write-choices    # + the dispatcher's table
+
+Times, in one process, B=8, H=12, d=64 by default:
+- UNAS through SDPA pinned to flash (`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`; flash takes no
+  fp32, so fp32 rows pin the memory-efficient backend and say so): the baseline;
+- DNAS and HNAS on the Triton kernels and on FlexAttention, each through its fast path
+  (`attnlab.attention.paths`) called directly: a path that declines (it would have fallen back
+  to the reference) stops the bench with an error, so no row ever times the wrong thing.
+
+Forward (no grad) and forward + backward; after one warm-up call (Triton and torch.compile
+compile then), --repeats synchronized runs, median. TFLOP/s counts the FLOPs of standard
+attention as flash-attention's benchmarks do, the same count for every method: forward
+4 B H S^2 d (QK^T and PV, 2 FLOPs per multiply-add), backward 2.5x the forward (5 matmuls), so
+forward + backward 14 B H S^2 d. A DNAS/HNAS row's TFLOP/s is thus *effective* (UNAS's work per
+second): its algorithm does ~10 matmuls to flash's 7 (a column pass each way), so 1.43x flash's
+time is its floor. Peak memory = torch.cuda.max_memory_allocated() during forward + backward,
+inputs and gradients included (they alone are 8 B H S d bytes in bf16 at d_v = d).
+
+Before timing, every method's output and dq/dk/dv (and du) are checked against the float64
+reference at a small S (--check-seq): the error must stay within 16x SDPA's own error in that
+dtype on the same inputs, or the bench stops. The Markdown table is printed and written to
+bench/results/attention-cuda-<time>.md. --write-choices then records, per (S, d, dtype), which
+of Triton and Flex was faster for DNAS + HNAS forward + backward into the dispatcher's table
+(`paths.CUDA_CHOICES_FILE`, read by `attend` on CUDA; see docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-LENGTHS = (1024, 2048, 4096, 8192)
+LENGTHS = (1024, 2048, 4096, 8192, 16384)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 METHODS = {
-    "unas_sdpa": "UNAS SDPA (flash / mem-efficient)",
+    "sdpa_flash": "UNAS, SDPA flash",
     "dnas_triton": "DNAS Triton",
+    "dnas_flex": "DNAS FlexAttention",
     "hnas_triton": "HNAS Triton",
-    "dnas_triton_dropout": "DNAS Triton, dropout 0.1",
-    "hnas_triton_dropout": "HNAS Triton, dropout 0.1",
-    "unas_sdpa_dropout": "UNAS SDPA, dropout 0.1",
-    "unas_naive": "UNAS naive (materialized)",
-    "dnas_reference": "DNAS reference (materialized)",
-    "hnas_reference": "HNAS reference (materialized)",
+    "hnas_flex": "HNAS FlexAttention",
 }
-DEVICE = "cuda"  # (a smoke test of this code on a machine without GPU swaps it)
-# live (B, H, S, S) float32 tensors at the peak of fwd+bwd, for skipping
-MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10}
+TOLERANCE = 16  # x SDPA's own error against float64 (see the module docstring)
+NO_CUDA = ("bench/attention.py --device cuda needs a CUDA device; torch {} sees none here "
+           "(run it on a GPU machine, or drop --device cuda for the CPU benchmark)")
 
 
-def _methods(d: int):
-    from attnlab.attention import attend
-    from attnlab.attention.kernels import sdpa
-    from attnlab.attention.reference import reference_attend
-
-    def unas_naive(q, k, v, u):
-        return torch.softmax((q @ k.transpose(-2, -1)).float() / d**0.5, dim=-1).to(v.dtype) @ v
-
-    return {
-        "unas_sdpa": lambda q, k, v, u: sdpa.unas_sdpa(q, k, v),
-        "unas_sdpa_dropout": lambda q, k, v, u: sdpa.unas_sdpa(q, k, v, dropout_p=0.1),
-        "dnas_triton": lambda q, k, v, u: attend(q, k, v, "dnas"),
-        "hnas_triton": lambda q, k, v, u: attend(q, k, v, "hnas", u=u),
-        "dnas_triton_dropout": lambda q, k, v, u: attend(q, k, v, "dnas", dropout_p=0.1),
-        "hnas_triton_dropout": lambda q, k, v, u: attend(q, k, v, "hnas", u=u, dropout_p=0.1),
-        "unas_naive": unas_naive,
-        "dnas_reference": lambda q, k, v, u: reference_attend(q, k, v, "dnas"),
-        "hnas_reference": lambda q, k, v, u: reference_attend(q, k, v, "hnas", u=u),
-    }
+def flops(B: int, H: int, S: int, d: int, backward: bool) -> float:
+    """Standard attention's FLOPs (the count of every row; see the module docstring)."""
+    forward = 4 * B * H * S * S * d
+    return forward * (3.5 if backward else 1.0)
 
 
-def _time(fn, repeats: int) -> float:
+def _method(name: str, dtype: torch.dtype):
+    """(q, k, v, u) -> out for `name`, running exactly the named kernel or raising."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnlab.attention import paths
+    from attnlab.attention.functional import normalizer
+
+    if name == "sdpa_flash":
+        backend = SDPBackend.FLASH_ATTENTION if dtype != torch.float32 else \
+            SDPBackend.EFFICIENT_ATTENTION  # flash has no fp32 kernel
+
+        def sdpa(q, k, v, u):
+            with sdpa_kernel(backend):  # only this backend: an error, never another one
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+        return sdpa
+    scheme, kernel = name.split("_")
+    path = {"triton": paths.QUERY_NORMALIZED_TRITON, "flex": paths.QUERY_NORMALIZED_FLEX}[kernel]
+
+    norm, _ = normalizer(scheme)  # built once, as a module holds it
+
+    def run(q, k, v, u):
+        with paths.pinned_cuda_path(kernel):  # whatever the measured table says
+            out = path(norm, norm.call(q, k, v, u=u))
+        if out is None:
+            raise RuntimeError(f"the {kernel} path declined {scheme} in {dtype} on this machine "
+                               f"(attend would have fallen back): nothing of it to time")
+        return out
+
+    return run
+
+
+def _inputs(B, H, S, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    u = torch.full((1, H, 1, 1), 0.5, device="cuda")
+    return [t.requires_grad_() for t in (q, k, v, u)]
+
+
+def sdpa_error(dtype: torch.dtype, S: int, d: int) -> float:
+    """SDPA's largest output error in `dtype` against float64 on the check's inputs: the
+    yardstick of every method's error."""
+    q, k, v, _ = (t.detach() for t in _inputs(2, 4, S, d, dtype, seed=1))
+    got = _method("sdpa_flash", dtype)(q, k, v, None).double()
+    weights = torch.softmax(q.double() @ k.double().transpose(-2, -1) / d**0.5, dim=-1)
+    return max((got - weights @ v.double()).abs().max().item(), torch.finfo(dtype).eps)
+
+
+def check(method: str, dtype: torch.dtype, S: int, d: int, yardstick: float) -> float:
+    """The method's largest error (output and gradients, relative to their scale) against
+    float64, in units of `yardstick`; stops the bench when it is over TOLERANCE."""
+    from attnlab.attention import reference_attend
+
+    scheme = "unas" if method == "sdpa_flash" else method.split("_")[0]
+    inputs = _inputs(2, 4, S, d, dtype, seed=1)
+    n_wrt = 4 if scheme == "hnas" else 3  # du only where there is a u
+    g_out = torch.randn_like(inputs[0], dtype=torch.float64)
+
+    def out_and_grads(fn, tensors):
+        out = fn(*tensors)
+        return [out, *torch.autograd.grad((out.double() * g_out).sum(), tensors[:n_wrt])]
+
+    got = out_and_grads(_method(method, dtype), inputs)
+    ref_in = [t.detach().double().requires_grad_() for t in inputs]
+    ref = out_and_grads(lambda q, k, v, u: reference_attend(q, k, v, scheme, u=u), ref_in)
+    worst = max((a.double() - b).abs().max().item() / max(1.0, b.abs().max().item())
+                for a, b in zip(got, ref))
+    if worst > TOLERANCE * yardstick:
+        raise SystemExit(f"{METHODS[method]} in {dtype}: error {worst:.2e} against float64 at "
+                         f"S={S} is over {TOLERANCE}x SDPA's ({yardstick:.2e}): not timing it")
+    return worst / yardstick
+
+
+def _median_time(fn, repeats: int) -> float:
     runs = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -65,13 +144,9 @@ def _time(fn, repeats: int) -> float:
 
 
 def measure(method: str, S: int, dtype: torch.dtype, args) -> dict:
-    fn = _methods(args.head_dim)[method]
-    B, H, d = args.batch, args.heads, args.head_dim
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, S, d, device=DEVICE, dtype=dtype, requires_grad=True)
-               for _ in range(3))
-    u = torch.full((1, H, 1, 1), 0.5, device=DEVICE, requires_grad=True)
-    grad = torch.ones(B, H, S, d, device=DEVICE, dtype=dtype)
+    fn = _method(method, dtype)
+    q, k, v, u = _inputs(args.batch, args.heads, S, args.head_dim, dtype)
+    grad = torch.ones_like(q)
 
     def forward():
         with torch.no_grad():
@@ -82,55 +157,140 @@ def measure(method: str, S: int, dtype: torch.dtype, args) -> dict:
         for x in (q, k, v, u):
             x.grad = None
 
-    forward_backward()  # warm-up: Triton compiles, cuDNN / allocator settle
-    result = {"fwd": _time(forward, args.repeats)}
+    forward_backward()  # warm-up: Triton / torch.compile compile here
+    result = {"fwd": _median_time(forward, args.repeats)}
     torch.cuda.reset_peak_memory_stats()
-    result["fwdbwd"] = _time(forward_backward, args.repeats)
+    result["fwdbwd"] = _median_time(forward_backward, args.repeats)
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return result
 
 
-def run(args) -> str:
-    """Measure every method at every S and dtype; the Markdown table."""
-    lengths = args.seq or LENGTHS
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    methods = ["unas_sdpa"] + [m for m in (args.cuda_methods or METHODS) if m != "unas_sdpa"]
-    rows = []
-    for name in args.dtypes:
-        for S in lengths:
-            results = {}
-            for method in methods:
-                est = MATERIALIZED_COPIES.get(method, 0) * args.batch * args.heads * S * S * 4
-                if est / 2**30 > args.max_materialized_gib:
-                    results[method] = {"skipped": f"skipped (~{est / 2**30:.0f} GiB)"}
-                    continue
-                try:
-                    results[method] = measure(method, S, dtypes[name], args)
-                except torch.cuda.OutOfMemoryError:
-                    results[method] = {"skipped": "out of memory"}
-                torch.cuda.empty_cache()
-            base = results["unas_sdpa"]
-            for method in methods:
-                rows.append(f"| {name} | {S} | {METHODS[method]} | {_cells(results[method], base)} |")
-    header = (
-        f"{torch.cuda.get_device_name()}, B={args.batch}, H={args.heads}, d={args.head_dim}; "
-        f"median of {args.repeats} synchronized runs after a warm-up; ratios to UNAS-SDPA of the "
-        f"same dtype and S in this run; peak = torch.cuda.max_memory_allocated (fwd+bwd)\n\n"
-        "| dtype | S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|---|"
-    )
-    return header + "\n" + "\n".join(rows) + "\n"
-
-
-def _cells(res: dict, base: dict) -> str:
+def _cells(res: dict, base: dict, B: int, H: int, S: int, d: int) -> str:
     if "skipped" in res:
         return " | ".join([res["skipped"]] * 3)
-    return " | ".join(
-        f"{res[key]:.4f} s ({res[key] / base[key]:.2f}x)" if key != "peak_gib"
-        else f"{res[key]:.2f} GiB ({res[key] / base[key]:.2f}x)"
-        for key in ("fwd", "fwdbwd", "peak_gib")
+    cells = []
+    for key in ("fwd", "fwdbwd"):
+        tflops = flops(B, H, S, d, key == "fwdbwd") / res[key] / 1e12
+        cells.append(f"{res[key] * 1e3:.2f} ms ({res[key] / base[key]:.2f}x), {tflops:.1f} TFLOP/s")
+    cells.append(f"{res['peak_gib']:.2f} GiB ({res['peak_gib'] / base['peak_gib']:.2f}x)")
+    return " | ".join(cells)
+
+
+def run(args) -> tuple[str, dict]:
+    """Check, then measure every method at every S and dtype: the table and the raw results."""
+    from rich.progress import track
+
+    methods = ["sdpa_flash"] + [m for m in args.methods if m != "sdpa_flash"]
+    checks = {}
+    for name in args.dtypes:
+        yardstick = sdpa_error(DTYPES[name], args.check_seq, args.head_dim)
+        for method in methods:
+            checks[name, method] = check(method, DTYPES[name], args.check_seq, args.head_dim,
+                                         yardstick)
+    jobs = [(name, S, m) for name in args.dtypes for S in args.seq for m in methods]
+    results = {}
+    for name, S, method in track(jobs, description="timing"):
+        try:
+            results[name, S, method] = measure(method, S, DTYPES[name], args)
+        except torch.cuda.OutOfMemoryError:
+            results[name, S, method] = {"skipped": "out of memory"}
+        torch.cuda.empty_cache()
+    rows = []
+    for name, S, method in jobs:
+        base = results[name, S, "sdpa_flash"]
+        label = METHODS[method] + (" (fp32: memory-efficient)" if method == "sdpa_flash"
+                                   and name == "fp32" else "")
+        rows.append(f"| {name} | {S} | {label} | "
+                    f"{_cells(results[name, S, method], base, args.batch, args.heads, S, args.head_dim)} |")
+    checked = ", ".join(f"{n} {m} {r:.1f}x" for (n, m), r in checks.items())
+    header = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.batch}, "
+        f"H={args.heads}, d={args.head_dim}; median of {args.repeats} synchronized runs after a "
+        f"warm-up; ratios to SDPA of the same dtype and S; TFLOP/s = standard attention's FLOPs "
+        f"(fwd 4BHS^2d, fwd+bwd 14BHS^2d) / time; peak = torch.cuda.max_memory_allocated "
+        f"(fwd+bwd). Checked against float64 at S={args.check_seq} (error / SDPA's error): "
+        f"{checked}\n\n"
+        "| dtype | S | method | forward | forward+backward | peak memory |\n|---|---|---|---|---|---|"
     )
+    return header + "\n" + "\n".join(rows) + "\n", results
 
 
-def check_device() -> None:
+def choices_from(results: dict, head_dim: int) -> dict[str, str]:
+    """{choice_key: "triton" | "flex"}: the faster for DNAS + HNAS forward + backward, per
+    (S, dtype) where both were measured."""
+    from attnlab.attention import paths
+
+    table = {}
+    for name, S in {(n, s) for n, s, _ in results}:
+        total = {}
+        for kernel in ("triton", "flex"):
+            runs = [results.get((name, S, f"{scheme}_{kernel}")) for scheme in ("dnas", "hnas")]
+            if all(r and "fwdbwd" in r for r in runs):
+                total[kernel] = sum(r["fwdbwd"] for r in runs)
+        if len(total) == 2:
+            table[paths.choice_key(S, head_dim, DTYPES[name])] = min(total, key=total.get)
+    return dict(sorted(table.items()))
+
+
+def write_choices(table: dict[str, str], file: Path) -> None:
+    """Merge `table` into the dispatcher's file (other head dims measured before stay)."""
+    from attnlab.files import atomic_write_text
+
+    old = json.loads(file.read_text()).get("choices", {}) if file.exists() else {}
+    data = {
+        "about": "which CUDA kernel serves DNAS / HNAS per max(S_q, S_k) bucket / head dim / "
+                 "dtype; written by bench/attention.py --device cuda --write-choices",
+        "device": torch.cuda.get_device_name(),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "choices": {**old, **table},
+    }
+    atomic_write_text(file, json.dumps(data, indent=2) + "\n")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/attention.py --device cuda", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda"])
+    parser.add_argument("--seq", type=int, nargs="*", default=list(LENGTHS))
+    parser.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--cuda-methods", "--methods", dest="methods", nargs="*",
+                        default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--check-seq", type=int, default=256, help="S of the correctness check")
+    parser.add_argument("--write-choices", action="store_true",
+                        help="record the faster of Triton / Flex per shape for attend")
+    parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    args, ignored = parser.parse_known_args(argv)
+    if ignored:  # the CPU benchmark's own options (--quick, --threads, ...)
+        print(f"ignored on cuda: {' '.join(ignored)}", file=sys.stderr)
+    if not args.seq:
+        args.seq = list(LENGTHS)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible to torch here")
+        raise SystemExit(NO_CUDA.format(torch.__version__))
+    from attnlab.attention import paths
+
+    # every (S, dtype) compiles FlexAttention once more; past torch's limit of 8 graphs it would
+    # run unfused (materialized) and this bench would time that instead
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    table, results = run(args)
+    print(table)
+    out = Path(args.out_dir) / f"attention-cuda-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table)
+    print(f"written to {out}", file=sys.stderr)
+    if args.write_choices:
+        choices = choices_from(results, args.head_dim)
+        write_choices(choices, paths.CUDA_CHOICES_FILE)
+        print(f"choices {choices} written to {paths.CUDA_CHOICES_FILE}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

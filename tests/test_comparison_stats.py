@@ -13,6 +13,7 @@ from attnlab.comparison_stats import (
     bootstrap_interval,
     compare,
     compare_cells,
+    did_learn,
     holm,
     mean_se,
     paired_t_test,
@@ -123,3 +124,23 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
     low, high = bootstrap_interval(d)
     assert (low, high) == bootstrap_interval(d)
     assert low <= np.mean(d) <= high and low >= min(d) and high <= max(d)
+
+
+@pytest.mark.parametrize(
+    "metric, baseline, higher, margin, learned",
+    [
+        (0.80, 0.25, True, 0.01, True),  # far above chance
+        (0.255, 0.25, True, 0.01, False),  # within the margin: noise, not learning
+        (0.2601, 0.25, True, 0.01, True),  # just past the margin
+        (0.10, 0.25, True, 0.01, False),  # below chance
+        (3.0, 5.0, False, 0.01, True),  # lower is better (perplexity): below the unigram's
+        (4.995, 5.0, False, 0.01, False),
+        (5.5, 5.0, False, 0.01, False),
+        (0.30, 0.25, True, 0.1, False),  # a wider margin asks for more
+        (math.nan, 0.25, True, 0.01, False),  # a failed run did not learn
+        (0.9, math.nan, True, 0.01, False),  # no baseline logged: cannot say it learned
+    ],
+)
+def test_did_learn_beats_the_baseline_by_more_than_the_margin(metric, baseline, higher, margin,
+                                                               learned):
+    assert did_learn(metric, baseline, higher_is_better=higher, margin=margin) is learned

@@ -40,6 +40,11 @@ class Card:
     in_quick: bool = False
     quick: tuple[str, ...] = ()
     preset: str | None = None
+    # the few metrics (besides optimized_metric) that attnlab.report and compare show by default
+    metrics: tuple[str, ...] = ()
+    # the metrics.json key of the task's trivial baseline (majority class, unigram, chance, lead)
+    # on the same split as optimized_metric: a run that does not beat it "did not learn"
+    baseline: str | None = None
 
     def tiny_overrides(self, fixtures: Path | str) -> list[str]:
         return [o.replace("{fixtures}", str(fixtures)) for o in self.tiny]
@@ -53,7 +58,8 @@ def read_card(path: Path) -> Card:
         raise ConfigError(f"{path} has no task.name: a task config starts with task: {{name: ...}}")
     card = OmegaConf.to_container(task.get("card") or OmegaConf.create(), resolve=False)  # none: defaults
     reproduce = card.pop("reproduce", None) or {}
-    unknown = set(card) - {"classification", "multi_head", "encoder_layers", "tiny"}
+    unknown = set(card) - {"classification", "multi_head", "encoder_layers", "tiny", "metrics",
+                          "baseline"}
     unknown |= set(reproduce) - {"claims", "in_quick", "quick", "preset"}
     if unknown:
         raise ConfigError(f"{path}: task.card has unknown keys {sorted(unknown)}; see docs/tasks.md")
@@ -64,7 +70,8 @@ def read_card(path: Path) -> Card:
         multi_head=tuple(card.get("multi_head") or ()), encoder_layers=card.get("encoder_layers"),
         tiny=tuple(card.get("tiny") or ()), claims=tuple(reproduce.get("claims") or ()),
         in_quick=bool(reproduce.get("in_quick", False)), quick=tuple(reproduce.get("quick") or ()),
-        preset=reproduce.get("preset"),
+        preset=reproduce.get("preset"), metrics=tuple(card.get("metrics") or ()),
+        baseline=card.get("baseline"),
     )
 
 

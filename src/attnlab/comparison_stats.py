@@ -15,6 +15,9 @@ nothing says only that these seeds could not tell. Degenerate cases, each one on
                                  t = 0, p = 1: "no difference detected", never 0 / 0
     a constant non-zero shift    (differences all equal, not 0) t = ±inf, p = 0, as scipy has it
 Pairs where either run has no finite value (a failed run) are left out, and counted.
+
+`did_learn` decides whether a run beat its task's trivial baseline (the card's `baseline` key):
+a run that did not is a warning in a report, never a result, and enters no verdict.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     if x.size < 2:
         return float(x[0]), math.nan
     return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size))
+
+
+# How much a run must beat its trivial baseline by to count as having learned: a run within this
+# of the baseline (e.g. accuracy 0.251 against chance 0.25 on a few hundred examples) is noise.
+DID_LEARN_MARGIN = 0.01
+
+
+def did_learn(metric: float, baseline: float, higher_is_better: bool = True,
+              margin: float = DID_LEARN_MARGIN) -> bool:
+    """Whether a run's optimized metric beats the task's trivial baseline (majority class, chance,
+    unigram, lead...) by more than `margin`, in the metric's units and direction. The one place
+    that decides "did not learn": such a run is shown as a warning, never as a result, and enters
+    no verdict. A missing value (NaN: a failed run, or no baseline logged) did not learn."""
+    if not (math.isfinite(metric) and math.isfinite(baseline)):
+        return False
+    return metric > baseline + margin if higher_is_better else metric < baseline - margin
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ class ClassifyDataModule(SplitsDataModule):
             "label_names": list(self.corpus.label_names),
             "pair": self.corpus.pair,
             "max_length": int(self.hparams.max_length),
+            # the most frequent training label: the majority-class baseline (val/baseline_acc)
+            "majority_label": int(torch.bincount(torch.tensor(self.corpus.labels("train"))).argmax()),
         }
 
     # -- loaders -----------------------------------------------------------------------------

@@ -3,6 +3,8 @@
     encoder=lstm          embedding -> BiLSTM (u per direction) -> H (n x 2u)         (Lin et al.)
     encoder=transformer   embedding + positions -> Transformer encoder layers -> H (n x d_model),
                           the scheme of `model=` in every layer too (a cascade stack: run_stack)
+    encoder=pretrained    the packaged 6-layer BERT, the scheme of `model=` in every layer
+                          (attnlab.hf; tasks/classify/pretrained.py) -> H (n x 384)
     then                  M = HopAttention(H) (r x 2u), flattened -> Dropout, Linear, act,
                           Dropout, Linear -> class logits
 
@@ -22,8 +24,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab.attention import AttentionSpec, TransformerEncoderLayer, run_stack
 from attnlab.errors import ConfigError
 from tasks.classify.hops import HopAttention
+from tasks.classify.pretrained import PretrainedEncoder
 
-ENCODERS = ("lstm", "transformer")
+ENCODERS = ("lstm", "transformer", "pretrained")
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 
@@ -94,7 +97,8 @@ class SelfAttentiveClassifier(nn.Module):
                  pair: bool = False, max_length: int = 128, encoder: str = "lstm", embed_dim: int = 300,
                  hidden_dim: int = 300, lstm_layers: int = 1, d_model: int = 256, nhead: int = 4,
                  num_layers: int = 2, dim_feedforward: int = 1024, hops: int = 30, attention_unit: int = 350,
-                 hop_heads: int = 1, fc_dim: int = 3000, activation: str = "relu", dropout: float = 0.5) -> None:
+                 hop_heads: int = 1, fc_dim: int = 3000, activation: str = "relu", dropout: float = 0.5,
+                 pretrained_layers: int | None = None) -> None:
         super().__init__()
         spec = AttentionSpec.from_config(attention)
         if encoder not in ENCODERS:
@@ -103,6 +107,8 @@ class SelfAttentiveClassifier(nn.Module):
             raise ConfigError(f"task.module.net.activation={activation!r}; use one of {', '.join(ACTIVATIONS)}")
         if encoder == "lstm":
             self.encoder = BiLSTMEncoder(vocab_size, pad_id, embed_dim, hidden_dim, lstm_layers, dropout)
+        elif encoder == "pretrained":
+            self.encoder = PretrainedEncoder(spec, vocab_size, pretrained_layers)
         else:
             self.encoder = TransformerSentenceEncoder(vocab_size, pad_id, d_model, nhead, num_layers,
                                                       dim_feedforward, dropout, max_length, spec)

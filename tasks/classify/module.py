@@ -32,6 +32,7 @@ from attnlab.task_module import TaskModule
 from tasks.classify.figures import HopExamples, token_names
 from tasks.classify.hops import lin_penalty
 from tasks.classify.model import SelfAttentiveClassifier
+from tasks.classify.pretrained import PretrainedEncoder
 
 
 def hop_diversity(weights: Tensor, head_outputs: Tensor) -> tuple[float, float, int]:
@@ -61,6 +62,8 @@ class ClassifyModule(TaskModule):
         label_names: list[str] | None = None,
         penalty: float = 0.0,
         heatmap_max_tokens: int = 40,
+        pretrained_lr: float | None = None,
+        majority_label: int | None = None,
     ) -> None:
         super().__init__(net, optimizer, scheduler, hybrid_lr)
         if penalty < 0:
@@ -76,6 +79,10 @@ class ClassifyModule(TaskModule):
         self.diversity = torch.nn.ModuleDict({
             f"{stage}_{name}": MeanMetric() for stage in ("val", "test") for name in ("dist", "hop_jsd")})
         self.examples: HopExamples | None = None
+        # the majority class's accuracy on the same examples (the card's trivial baseline); None:
+        # unknown (an old checkpoint evaluated without its datamodule)
+        self.majority_label = majority_label
+        self.baseline = torch.nn.ModuleDict({stage: MeanMetric() for stage in ("val", "test")})
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """Class logits (B, C); the labels are batch["labels"]."""
@@ -106,6 +113,9 @@ class ClassifyModule(TaskModule):
         metrics = self.metrics[stage]
         metrics.update(logits, labels)
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=n)
+        if self.majority_label is not None:
+            self.baseline[stage].update(labels.eq(self.majority_label).float())
+            self.log(f"{stage}/baseline_acc", self.baseline[stage], batch_size=n)
         records = recorder.records.get("hops", [])
         if self.net.hops.hops > 1:
             for record in records:
@@ -136,6 +146,22 @@ class ClassifyModule(TaskModule):
                                   token_names(tokenizer))
         if path is not None:
             print(f"[classify] hops' attention over one test sentence per class: {path}")
+
+    def parameter_groups(self) -> list[dict]:
+        """The base's groups; with encoder=pretrained, BERT's own weights at `pretrained_lr`
+        (fine-tuning rate), the hops, classifier and the scheme's u at the task's rates."""
+        groups = super().parameter_groups()
+        rate = self.hparams.pretrained_lr
+        if rate is None or not isinstance(self.net.encoder, PretrainedEncoder):
+            return groups
+        pretrained = {id(p) for p in self.net.encoder.pretrained_parameters()}
+        split = []
+        for group in groups:
+            inside = [p for p in group["params"] if id(p) in pretrained]
+            outside = [p for p in group["params"] if id(p) not in pretrained]
+            split += [{**group, "params": outside}] if outside else []
+            split += [{**group, "params": inside, "lr": float(rate)}] if inside else []
+        return split
 
     def lr_scheduler_config(self, scheduler: Any) -> dict:
         # Lin et al.'s code divides the rate when the validation loss stops improving: a plateau

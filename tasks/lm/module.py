@@ -72,6 +72,10 @@ class LMModule(TaskModule):
         super().__init__(net, optimizer, scheduler, hybrid_lr)
         self.val_nll = TokenNLL()
         self.test_nll = TokenNLL()
+        # the unigram model's -log p on the same tokens (the card's trivial baseline, baseline_ppl)
+        self.val_unigram = TokenNLL()
+        self.test_unigram = TokenNLL()
+        self._unigram_nll: Tensor | None = None
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -90,19 +94,40 @@ class LMModule(TaskModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=nll.numel())
         return loss
 
-    def _evaluate(self, batch: dict[str, Tensor], metric: TokenNLL) -> None:
+    def unigram_nll(self, vocab_size: int) -> Tensor | None:
+        """-log p of every token under the training split's unigram counts (add-one smoothed);
+        None without the datamodule's training stream (an evaluation from a checkpoint alone)."""
+        if self._unigram_nll is None:
+            streams = getattr(getattr(self.trainer, "datamodule", None), "streams", None) or {}
+            if "train" not in streams:
+                return None
+            counts = torch.bincount(torch.as_tensor(streams["train"], dtype=torch.long),
+                                    minlength=vocab_size).double() + 1
+            self._unigram_nll = (counts.sum().log() - counts.log()).to(self.device)
+        return self._unigram_nll
+
+    def _evaluate(self, batch: dict[str, Tensor], metric: TokenNLL, unigram: TokenNLL) -> None:
         logits, labels = self(batch)
         metric.update(torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none"))
+        table = self.unigram_nll(logits.shape[-1])
+        if table is not None:
+            unigram.update(table[labels])
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_nll)
+        self._evaluate(batch, self.val_nll, self.val_unigram)
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_nll)
+        self._evaluate(batch, self.test_nll, self.test_unigram)
 
     def _log_split(self, stage: str, metric: TokenNLL) -> None:
         loss, tokens = metric.compute()  # synced over processes by torchmetrics
         metric.reset()
+        unigram = getattr(self, f"{stage}_unigram")
+        if unigram.update_called:
+            baseline, counted = unigram.compute()
+            if counted:
+                self.log(f"{stage}/baseline_ppl", math.exp(min(baseline, 700.0)))
+        unigram.reset()
         if tokens == 0:
             return
         self.log(f"{stage}/loss", loss)

@@ -256,7 +256,13 @@ class MLMDataModule(SplitsDataModule):
         if self.tokenizer is None:
             self.setup("fit")
         return {"vocab_size": self.tokenizer.get_vocab_size(), "pad_id": bert_assets.PAD_ID,
-                    "max_length": int(self.hparams.max_length)}
+                "max_length": int(self.hparams.max_length), "unigram_id": self.unigram_id()}
+
+    def unigram_id(self) -> int:
+        """The most frequent word piece of the training text ([CLS]/[SEP] aside): the unigram
+        prediction, the trivial baseline every masked token is scored against."""
+        text = self.datasets["train"].text
+        return int(np.bincount(text.ids[text.word_ids >= 0]).argmax())
 
     def set_epoch(self, epoch: int) -> None:
         """Called by the module at each training epoch start: new masks for the new epoch."""

@@ -2,7 +2,9 @@
 scheme from `model=` in every layer (the seed paper's Sec. 6.2 setup).
 
 Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/ppl`, `test/acc`, `test/ppl`, where
-acc is the accuracy on masked tokens and ppl the perplexity exp(mean cross-entropy) on them.
+acc is the accuracy on masked tokens and ppl the perplexity exp(mean cross-entropy) on them, and
+`val/baseline_acc`, `test/baseline_acc`: the unigram prediction's accuracy on the same masked
+tokens (always the most frequent training word piece; the card's trivial baseline).
 `init: bert` starts from the packaged BERT checkpoint (its config then fixes the architecture).
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
@@ -26,8 +29,13 @@ class MLMModule(TaskModule):
     as the paper) and BERT's warmup + linear decay come injected."""
 
     def __init__(self, net: BertForMLM, optimizer: Callable[..., Any], scheduler: Callable | None = None,
-                 hybrid_lr: float | None = None) -> None:
+                 hybrid_lr: float | None = None, unigram_id: int | None = None) -> None:
         super().__init__(net, optimizer, scheduler, hybrid_lr)
+        # the datamodule's most frequent training word piece (None: no baseline, e.g. an old
+        # checkpoint evaluated without its datamodule)
+        self.unigram_id = unigram_id
+        self.val_baseline = MeanMetric()
+        self.test_baseline = MeanMetric()
         num_classes = net.encoder.embeddings.word_embeddings.num_embeddings  # BERT's vocabulary with init=bert
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE)
@@ -54,7 +62,7 @@ class MLMModule(TaskModule):
         self.log("train/acc", self.train_acc, batch_size=n)
         return loss
 
-    def _evaluate(self, stage: str, batch: dict[str, torch.Tensor], acc, ppl) -> None:
+    def _evaluate(self, stage: str, batch: dict[str, torch.Tensor], acc, ppl, baseline) -> None:
         logits, labels = self(batch)
         loss = F.cross_entropy(logits, labels)
         acc.update(logits, labels)
@@ -63,9 +71,12 @@ class MLMModule(TaskModule):
         self.log(f"{stage}/loss", loss, batch_size=n, sync_dist=True)
         self.log(f"{stage}/acc", acc, batch_size=n, prog_bar=stage == "val")
         self.log(f"{stage}/ppl", ppl, batch_size=n)
+        if self.unigram_id is not None and n:
+            baseline.update(labels.eq(self.unigram_id).float())
+            self.log(f"{stage}/baseline_acc", baseline, batch_size=n)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate("val", batch, self.val_acc, self.val_ppl)
+        self._evaluate("val", batch, self.val_acc, self.val_ppl, self.val_baseline)
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate("test", batch, self.test_acc, self.test_ppl)
+        self._evaluate("test", batch, self.test_acc, self.test_ppl, self.test_baseline)

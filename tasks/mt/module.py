@@ -9,6 +9,8 @@ scored as fairseq trains `transformer_iwslt_de_en` (CODA Table 2, Repulsive atte
 - val / test: the loss per target token, sacrebleu BLEU / chrF of greedy (val) and beam (test)
          translations on detokenized text (sacrebleu's signature printed and logged), and
          `predictions.tsv` (source, reference, hypothesis) in the run directory
+- val:   also `val/baseline_bleu`: the copy baseline (the German source as its own translation),
+         BLEU on the same decoded examples as val/bleu (the card's trivial baseline)
 - decoding lengths follow fairseq's `max_len_a * source length + max_len_b`, per batch (its
   longest source), within the decoder's positions
 """
@@ -31,6 +33,7 @@ class TranslationModule(Seq2SeqModule):
     def __init__(self, *args, tokenizer_file: str, max_len_a: float = 1.2, max_len_b: int = 10,
                  bleu_tokenize: str = "13a", unk_id: int = bpe.UNK_ID, **options) -> None:
         super().__init__(*args, unk_id=unk_id, **options)
+        self.copy_scores = TranslationScores(tokenize=bleu_tokenize)  # the copy baseline on val
         self._tokenizer = None
 
     @property
@@ -49,6 +52,17 @@ class TranslationModule(Seq2SeqModule):
         hp = self.hparams
         longest = int(src.ne(self.net.pad_id).sum(1).max())
         return math.ceil(hp.max_len_a * longest + hp.max_len_b)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        super().validation_step(batch, batch_idx)
+        if batch_idx < self.hparams.val_decode_batches:
+            self.copy_scores.update(list(batch[self.source_key]), batch[self.reference_key])
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if self.hparams.val_decode_batches > 0:
+            self.log("val/baseline_bleu", self.copy_scores.compute()["bleu"])
+            self.copy_scores.reset()
 
     def on_test_scores(self, scores: dict[str, float]) -> None:
         signature = self.test_scores.signature()

@@ -7,6 +7,10 @@ One module per probe, each with `generate(n, seed, **options) -> ProbeData` (tas
     retrieval   an ordered tuple read at several marked positions: one head per position
     listops     ListOps (the Long Range Arena's rules) at reduced length
 No download: the data are a function of (options, seed).
+
+The task around them (`python train.py task=probe probe=<name> model=<scheme>`, conf/task/probe.yaml
+and conf/probe/<name>.yaml): `datamodule.py` (splits and the trivial baseline per split),
+`network.py` (a small encoder with the scheme in every layer), `module.py` (loss and metrics).
 """
 
 from tasks.probe import clusters, coverage, listops, recall, retrieval

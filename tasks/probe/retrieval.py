@@ -80,17 +80,22 @@ def generate(
     inputs = rng.integers(vocab["filler_low"], vocab_size, size=(n, seq_len))
     inputs[:, 0] = CLS
     slot_values = rng.integers(0, m, size=(n, slots))
-    for row in range(n):
-        # `slots` non-overlapping (marker, value) blocks in `room` cells: sorted starts among
-        # room - slots cells, block i shifted by i; markers assigned to blocks at random
-        starts = np.sort(rng.choice(room - slots, size=slots, replace=False)) + np.arange(slots)
-        starts = 1 + starts[rng.permutation(slots)]  # starts[h]: where marker h sits
-        inputs[row, starts] = vocab["markers"][0] + np.arange(slots)
-        inputs[row, starts + 1] = vocab["values"][0] + slot_values[row]
-        if stray:
-            free = np.setdiff1d(np.arange(1, seq_len), np.concatenate([starts, starts + 1]))
-            where = rng.choice(free, size=stray, replace=False)
-            inputs[row, where] = vocab["values"][0] + rng.integers(0, m, size=stray)
+    # `slots` non-overlapping (marker, value) blocks in `room` cells: sorted starts among
+    # room - slots cells (a uniform draw without replacement: the first columns of a random
+    # permutation), block i shifted by i; markers assigned to blocks at random. Whole arrays at
+    # once: a loop over rows took seconds per run.
+    rows = np.arange(n)[:, None]
+    cells = np.argsort(rng.random((n, room - slots)), axis=1)[:, :slots]
+    starts = np.sort(cells, axis=1) + np.arange(slots)
+    starts = 1 + np.take_along_axis(starts, np.argsort(rng.random((n, slots)), axis=1), axis=1)
+    inputs[rows, starts] = vocab["markers"][0] + np.arange(slots)  # starts[:, h]: marker h
+    inputs[rows, starts + 1] = vocab["values"][0] + slot_values
+    if stray:  # distractor cells: uniform among the cells no block takes
+        draw = rng.random((n, seq_len))
+        draw[:, 0] = np.inf  # CLS
+        draw[rows, starts] = draw[rows, starts + 1] = np.inf
+        where = np.argsort(draw, axis=1)[:, :stray]
+        inputs[rows, where] = vocab["values"][0] + rng.integers(0, m, size=(n, stray))
 
     targets = torch.from_numpy(slot_values @ (m ** np.arange(slots))).long()
     guesses = chance_predictions(rng, targets, np.arange(m**slots))

@@ -222,6 +222,19 @@ class VQADataModule(SplitsDataModule):
         metric.update(torch.tensor(best), dense[:, :-1], target.type_ids)
         return {k: float(v) for k, v in metric.compute().items() if not torch.isnan(v)}
 
+    def majority_baseline(self, split: str = "val") -> float:
+        """VQA accuracy on `split` of always giving the answer of highest total score in the
+        training split: the trivial baseline (the card's `baseline`, val/baseline_acc)."""
+        train, target = self.datasets["train"], self.datasets[split]
+        totals = torch.zeros(len(self.answers) + 1)  # + a spare column for -1 (no answer)
+        totals.scatter_add_(0, train.answer_ids.flatten() % (len(self.answers) + 1), train.answer_scores.flatten())
+        majority = int(totals[:-1].argmax())
+        dense = torch.zeros(len(target), len(self.answers) + 1)
+        dense.scatter_(1, target.answer_ids % (len(self.answers) + 1), target.answer_scores)
+        metric = VQAAccuracy(self.question_types)
+        metric.update(torch.full((len(target),), majority), dense[:, :-1], target.type_ids)
+        return float(metric.compute()["acc"])
+
     def split_data(self, split: str) -> VQADataset:
         return self.datasets[split]
 

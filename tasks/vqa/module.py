@@ -6,6 +6,7 @@ benchmark, yes_no/number/other on VQA-v2). On the synthetic benchmark also:
 
 - `val|test/acc_hidden` and `acc_visible`: accuracy on the questions whose answer depends on
   objects the primary view misses (only a secondary view shows them), and on the others;
+- `val/baseline_acc`: the majority answer's accuracy on val (the card's trivial baseline);
 - `test/prior_acc`, `test/prior_acc_<type>`: the question-only baseline of the data module
   (best training answer per question string), to read the per-type accuracies against;
 - with `fusion=attention`, per fusion layer l (secondary view l + 1), over the whole test set:
@@ -108,6 +109,9 @@ class VQAModule(TaskModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_accuracy("val", self.val_acc)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if hasattr(datamodule, "majority_baseline"):
+            self.log("val/baseline_acc", datamodule.majority_baseline("val"))
         self._log_accuracy("val", self.val_visibility, overall=False)
 
     def on_test_epoch_end(self) -> None:

@@ -328,6 +328,25 @@ def test_hnas_backward_without_the_folded_c_gradient(monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("logit_scale", [1.0, 60.0], ids=["fold", "two_exponentials"])
+def test_fused_hnas_on_both_sides_of_the_fold_range(logit_scale):
+    """The fused HNAS kernel takes Pu = Pd a_i b_j (one exp per score) while the column LSEs of
+    the valid keys span <= 60 (csrc/fold.h), separate exponentials beyond: both exact."""
+    assert fused.load()
+    q, k, v, u, kpm, qpm = make_inputs(B=3, S_q=9, S_k=6, d=4, d_v=3, dtype=torch.float64,
+                                       seed=21, logit_scale=logit_scale)
+    s = (q @ k.transpose(-2, -1) / 2).masked_fill(qpm[:, None, :, None], float("-inf"))
+    c = s.logsumexp(-2).masked_fill(kpm[:, None, :], float("nan"))[2]  # item 2: both padded
+    span = (c.nan_to_num(float("-inf")).amax(-1) - c.nan_to_num(float("inf")).amin(-1)).max()
+    assert (span <= fused.FOLD_RANGE) == (logit_scale == 1.0)
+    tensors = [t.requires_grad_() for t in (q, k, v, u)]
+    g_out = torch.randn(3, 2, 9, 3, dtype=torch.float64)
+    got = grads(lambda: attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
+    ref = grads(lambda: reference_attend(q, k, v, "hnas", kpm, qpm, u=u), tensors, g_out)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
 def test_fused_kernel_is_what_attend_runs():
     """On this machine (a C++ compiler is present) dnas/hnas must not silently fall back."""
     assert fused.load()

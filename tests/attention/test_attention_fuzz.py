@@ -4,14 +4,10 @@ to the reference wherever the scores are moderate.
 
 Paths: ATen / SDPA flash (unas), SDPA math (unas with dropout without the C++ kernel), the fused
 C++ kernel (unas with dropout or huge scores, dnas, hnas; dropout), the composed flash fallback
-(dnas, hnas), the reference (sinkhorn), and the Triton kernels under the interpreter.
+(dnas, hnas), the reference (sinkhorn), and the Triton kernels (interpreted: CPU tensors).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before the Triton kernels are first used
 
 from unittest import mock
 
@@ -110,11 +106,12 @@ def test_cpu_paths(p):
 @example(ROUNDING_GAP)
 def test_triton_paths(p):
     pytest.importorskip("triton")
+    from attnlab.attention.kernels import triton_ops
     from attnlab.attention.kernels import triton_query_normalized as tq
 
     kpm, qpm, drop = p["kpm"], p["qpm"], p["dropout_p"]
     with mock.patch.object(tq, "INTERPRET_BLOCK", 256):  # few tiles: the interpreter is slow
-        check(p, "dnas", lambda q, k, v, u: tq.query_normalized_attend_triton(
+        check(p, "dnas", lambda q, k, v, u: triton_ops.query_normalized_attend_triton(
             q, k, v, None, kpm, qpm, dropout_p=drop))
-        check(p, "hnas", lambda q, k, v, u: tq.query_normalized_attend_triton(
+        check(p, "hnas", lambda q, k, v, u: triton_ops.query_normalized_attend_triton(
             q, k, v, u, kpm, qpm, dropout_p=drop))

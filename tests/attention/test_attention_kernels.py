@@ -32,7 +32,7 @@ ROUTES = [
     ("hnas", "cuda", F32, 0.0, False, "triton"),
     ("hnas", "cuda", F64, 0.0, False, "reference"),
     ("sinkhorn", "cpu", F32, 0.0, False, "reference"),  # n_iter=3 below
-    ("sinkhorn", "cuda", BF16, 0.0, False, "reference"),
+    ("sinkhorn", "cuda", BF16, 0.0, False, "flex"),  # any n_iter on FlexAttention
     ("entmax", "cpu", F32, 0.0, False, "reference"),
     ("hnas", "mps", F32, 0.0, False, "reference"),
 ]
@@ -59,7 +59,7 @@ def test_route_without_the_compiled_kernels(monkeypatch):
     assert route("dnas", "cpu", F32) == ["composed", "reference"]
     assert route("dnas", "cpu", F32, 0.1) == ["reference"]
     assert route("unas", "cpu", F32, 0.1) == ["sdpa_math", "reference"]
-    assert route("hnas", "cuda", BF16) == ["reference"]
+    assert route("hnas", "cuda", BF16) == ["flex", "reference"]  # FlexAttention is torch's own
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def spied_paths(monkeypatch):
 
 @pytest.mark.parametrize(("device", "scheme", "dropout_p", "expected"), [
     ("cpu", "unas", 0.0, "sdpa"), ("cpu", "unas", 0.2, "fused_cpu"), ("cpu", "hnas", 0.2, "fused_cpu"),
-    ("cuda", "unas", 0.0, "sdpa"), ("cuda", "dnas", 0.2, "triton"), ("cuda", "sinkhorn", 0.0, "reference"),
+    ("cuda", "unas", 0.0, "sdpa"), ("cuda", "dnas", 0.2, "triton"),  # sinkhorn on cuda: test_flex_paths.py
 ])
 def test_attend_runs_the_routed_path(device, scheme, dropout_p, expected, spied_paths,
                                      triton_on_cuda, monkeypatch):
@@ -121,6 +121,20 @@ def test_sdpa_masking_matches_reference(causal, backends):
     for a, b in zip(got, ref):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["by_query", "by_head"])
+def test_padded_flash_zeroes_query_rows_in_either_layout(layout):
+    """The CPU flash output is (B, S_q, H, d) memory (zeroed by row index); any other layout
+    takes masked_fill_: the same result."""
+    g = torch.Generator().manual_seed(4)
+    out = torch.randn(3, 5, 2, 4, generator=g).transpose(1, 2)  # (B, H, S_q, d), by query
+    if layout == "by_head":
+        out = out.contiguous()
+    rows = torch.rand(3, 5, generator=g) < 0.4
+    expected = out.masked_fill(rows[:, None, :, None], 0.0)
+    sdpa._zero_query_rows(out, rows)
+    assert rows.any() and torch.equal(out, expected)
 
 
 def reference_out_causal(q, k, v, kpm, qpm, causal):

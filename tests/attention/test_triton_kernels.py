@@ -1,15 +1,14 @@
 """The Triton DNAS / HNAS kernels, run on CPU tensors by Triton's interpreter (CI has no GPU).
 
-TRITON_INTERPRET=1 is read when the kernels are first used (`@triton.jit` runs then), so it is
-set here at import, before any test runs. bf16 has no arithmetic in the interpreter: the
-kernels cast it to float32 after loading there, so these tests use fp32 and fp16.
+CPU tensors always run interpreted (no TRITON_INTERPRET needed), CUDA ones compiled: the same
+checks on a GPU, and the compiled-kernel matrix, are tests/gpu/test_compiled_kernels.py. bf16
+has no arithmetic in the interpreter: the kernels cast it to float32 after loading there, so
+these tests use fp32 and fp16.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"
+import logging
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention import attend, paths
 from attnlab.attention.functional import route
-from attnlab.attention.kernels import dropout
+from attnlab.attention.kernels import dropout, triton_ops
 from attnlab.attention.kernels import triton_query_normalized as tq
 from attnlab.attention.reference import masked_logits
 
@@ -40,7 +39,7 @@ TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (4e-3, 3e-2)}  # (out, grads)
 
 
 def triton_attend(q, k, v, u, kpm, qpm, **kw):
-    return tq.query_normalized_attend_triton(q, k, v, u, kpm, qpm, **kw)
+    return triton_ops.query_normalized_attend_triton(q, k, v, u, kpm, qpm, **kw)
 
 
 @pytest.mark.parametrize(("S_q", "S_k", "d", "u_value", "dtype"), CASES)
@@ -190,14 +189,110 @@ def test_attend_routes_cuda_inputs_to_the_kernels(monkeypatch):
     assert route("hnas", "cuda", torch.float32)[0] == "triton"
     q, k, v, u, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=9)
     calls = []
-    real = tq.query_normalized_attend_triton
+    real = triton_ops.query_normalized_attend_triton
 
     def spy(*args, **kw):
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(tq, "query_normalized_attend_triton", spy)
+    monkeypatch.setattr(triton_ops, "query_normalized_attend_triton", spy)
     out = attend(q, k, v, "hnas", kpm, qpm, u=u)
     assert calls
     torch.testing.assert_close(out.double(), reference_out(q, k, v, "hnas", kpm, qpm, u),
                                atol=1e-5, rtol=0)
+
+
+def test_head_dims_over_the_limit_decline_once_and_attend_falls_back(monkeypatch, caplog):
+    """d > MAX_HEAD_DIM: the kernels decline (None, one log line per shape) instead of asking
+    for tiles past the GPU's registers; attend then runs the reference."""
+    d = tq.MAX_HEAD_DIM + 4
+    q, k, v, u, kpm, qpm = padded_problem(3, 2, d, d_v=8, B=1, seed=10)
+    with caplog.at_level(logging.WARNING, logger=tq.__name__):
+        assert triton_attend(q, k, v, u, kpm, qpm) is None
+        assert triton_attend(q, k, v, None, kpm, qpm) is None
+    declined = [r for r in caplog.records if "exceed" in r.getMessage()]
+    assert len(declined) == 1 and f"d={d}" in declined[0].getMessage()
+    monkeypatch.setattr(paths, "device_type", lambda t: "cuda")
+    launched = sum(tq.LAUNCHES.values())
+    out = attend(q, k, v, "hnas", kpm, qpm, u=u)
+    assert sum(tq.LAUNCHES.values()) == launched  # no kernel ran
+    torch.testing.assert_close(out.double(), reference_out(q, k, v, "hnas", kpm, qpm, u),
+                               atol=1e-5, rtol=0)
+
+
+def test_cpu_tensors_run_interpreted_without_the_environment_variable(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v, u, kpm, qpm = padded_problem(5, 4, 8, B=1, seed=11)
+    before = dict(tq.LAUNCHES)
+    triton_attend(q, k, v, u, kpm, qpm)
+    assert tq.LAUNCHES["interpreted"] == before.get("interpreted", 0) + 2  # column + forward
+    assert tq.LAUNCHES["compiled"] == before.get("compiled", 0)
+
+
+@pytest.mark.parametrize(("dtype", "allow_tf32", "expected"), [
+    (torch.float32, False, "ieee"), (torch.float32, True, "tf32"),
+    (torch.bfloat16, False, "tf32"), (torch.float16, False, "tf32"),  # Triton's default: unused
+])
+def test_fp32_dot_precision_follows_torch_matmul_policy(dtype, allow_tf32, expected):
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        q = torch.zeros(1, 1, 4, 8, dtype=dtype)
+        assert tq._meta(q, 8, 8, 4, 4)["PRECISION"] == expected
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_tile_configs_shrink_with_the_head_dim():
+    from attnlab.attention.kernels import _triton_configs as tc
+
+    assert len(tc.configs("column")) >= 3  # one (keys x d) tile: no accumulator to spill
+    for kernel in ("forward", "backward_kv", "backward_q"):
+        configs = tc.configs(kernel)
+        prune = tc._prune(kernel)
+        small = prune(configs, {}, BLOCK_D=64, BLOCK_DV=64)
+        large = prune(configs, {}, BLOCK_D=256, BLOCK_DV=256)
+        assert len(small) >= 3 and 1 <= len(large) < len(small)
+        assert max(tc._owned(kernel, c) for c in large) * 256 <= max(tc._MAX_TILE[kernel], 32 * 256)
+        assert prune(configs, {}, BLOCK_D=512, BLOCK_DV=512)  # never empty
+
+
+def test_double_backward_refuses_with_one_clear_error():
+    from attnlab.attention.kernels.triton_ops import DOUBLE_BACKWARD
+
+    q, k, v, _, kpm, qpm = padded_problem(5, 4, 8, B=1, seed=12)
+    q, k, v = leaf(q, k, v)
+    out = triton_attend(q, k, v, None, kpm, qpm)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)  # allowed
+    with pytest.raises(RuntimeError, match="double backward through the Triton"):
+        gq.sum().backward()
+    assert "reference_attend" in DOUBLE_BACKWARD
+
+
+def test_torch_compile_traces_the_registered_ops_in_one_graph():
+    """fullgraph=True: no graph break around the kernels (the dropout seed is drawn without
+    .item()); aot_eager runs the fake implementations and the registered autograd formula."""
+    from torch._dynamo.utils import counters
+
+    q, k, v, u, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=13)
+    inputs = leaf(q, k, v, u)
+
+    def run(q, k, v, u):
+        return triton_attend(q, k, v, u, kpm, qpm, dropout_p=0.1)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(5)
+    out = compiled(*inputs)
+    grads = torch.autograd.grad(out.sum(), inputs)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled(*inputs)
+    assert counters["stats"]["unique_graphs"] == 1
+    eager_inputs = leaf(q, k, v, u)
+    torch.manual_seed(5)
+    eager = run(*eager_inputs)
+    # eager draws the seed from the same generator: the same mask, the same numbers
+    torch.testing.assert_close(out, eager, atol=1e-6, rtol=0)
+    for a, b in zip(grads, torch.autograd.grad(eager.sum(), eager_inputs)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -1,7 +1,9 @@
 """The README and docs/ say what the code does: the model x task matrix is generated from the code
 (every registered scheme, every task card), the cheap-to-check parts of every command line they
-show (config options, modules, make targets, repository paths, overrides) exist, and every link
-between the pages reaches a page and a heading.
+show (config options, modules, make targets, repository paths, overrides) exist, every Python name
+they write (`attnlab.x.y`, `tasks.x.y`) is defined, docs/architecture.md's layout names every module
+that exists and nothing that does not, and every link between the pages reaches a page and a
+heading.
 
     PYTHONPATH=tests python -m e2e.test_docs    # (from the root) the matrix, to paste in
 """
@@ -96,7 +98,10 @@ def doc_code(path: Path) -> list[str]:
         if line.startswith("```"):
             fenced = not fenced
         elif fenced or line.startswith("    "):
-            code.append(line.strip())
+            if code and code[-1].endswith("\\"):  # a shell line continued on the next
+                code[-1] = code[-1][:-1] + line.strip()
+            else:
+                code.append(line.strip())
     prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     prose = "\n".join(line for line in prose.splitlines() if not line.startswith("    "))
     code += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
@@ -167,6 +172,122 @@ def test_every_link_between_pages_resolves(page):
     assert not broken, f"{page} links to what does not exist: {broken}"
 
 
+PACKAGES = {"attnlab": ROOT / "src" / "attnlab", "tasks": ROOT / "tasks"}
+
+
+def defined_names(body: list) -> dict[str, list | None]:
+    """{name: the body of its class, [] for anything else, None when imported (not followed)} of
+    what a module or class body defines or imports."""
+    import ast
+
+    names: dict[str, list] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = []
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = node.body
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update({(a.asname or a.name).split(".")[0]: None for a in node.names})
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update({n.id: [] for target in targets for n in ast.walk(target)
+                          if isinstance(n, ast.Name)})
+        elif isinstance(node, (ast.If, ast.Try)):  # definitions under `if TYPE_CHECKING:` / `try:`
+            names.update(defined_names(node.body))
+    return names
+
+
+def resolves(dotted: str) -> bool:
+    """`attnlab.cards.task_cards`, `tasks.vqa.claim`, `attnlab.task_module.TaskModule.task_loss`:
+    the longest prefix that is a module file or package, then names it defines (read, not
+    imported: importing every module a page names costs tens of seconds)."""
+    import ast
+
+    root, *parts = dotted.split(".")
+    path = PACKAGES[root]
+    while parts and ((path / parts[0]).is_dir() or (path / f"{parts[0]}.py").is_file()):
+        path = path / parts[0] if (path / parts[0]).is_dir() else path / f"{parts.pop(0)}.py"
+        if path.is_dir():
+            parts.pop(0)
+    source = path / "__init__.py" if path.is_dir() else path
+    body = ast.parse(source.read_text()).body if source.is_file() else []
+    for name in parts:
+        names = defined_names(body)
+        if name not in names:
+            return False
+        if names[name] is None:
+            return True  # imported from elsewhere: that module's own names are not followed
+        body = names[name]
+    return True
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_name_named_exists(page):
+    """`attnlab.task_module.TaskModule`, `tasks.common.optim.inverse_sqrt_schedule`, ...: a module
+    or attribute a page names in code resolves (a renamed or moved one fails here)."""
+    missing = set()
+    for code in CODE[page]:
+        for name in re.findall(r"(?<![\w./-])((?:attnlab|tasks)(?:\.\w+)+)", code):
+            if not resolves(name):
+                missing.add(name)
+    assert not missing, f"{page} names modules or attributes that do not exist: {sorted(missing)}"
+
+
+def test_the_name_check_tells_moved_names_from_present_ones():
+    """Names the rebuild moved fail; where they went, and a method of a class, pass."""
+    assert not resolves("attnlab.reproduce.multiview_vqa") and resolves("tasks.vqa.claim")
+    assert not resolves("attnlab.attention.kernels.fused.nope")
+    assert resolves("attnlab.attention.schemes.base.LogitTransform.row_wise")
+    assert not resolves("attnlab.task_module.TaskModule.replace_training_step")
+
+
+# ----------------------------------------------------------------------------- the layout
+# the folders whose every module and subfolder docs/architecture.md's layout names, one line each
+COMPLETE = ("src/attnlab", "src/attnlab/attention", "src/attnlab/attention/kernels",
+            "src/attnlab/callbacks", "src/attnlab/reproduce", "tasks/common")
+
+
+def layout() -> set[str]:
+    """The paths docs/architecture.md's layout names: each entry's names (before the gap that starts
+    its description, comma-separated) inside the folder of the nearest entry above it with less
+    indentation; lines indented past the names are descriptions carried over."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = text[text.index("## Layout\n"):]
+    block = text[: text.index("\n## ", 1)]
+    named: set[str] = set()
+    parents: list[tuple[int, str]] = []  # (indentation, folder), innermost last
+    for line in block.splitlines():
+        match = re.match(r"^( {4,19})(\S.*?)(?: {2,}|$)", line)
+        if not match:
+            continue  # blank, or a description carried over
+        indent = len(match.group(1))
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        folder = parents[-1][1] if parents else ""
+        names = [folder + name for name in match.group(2).split(", ")]
+        named.update(names)
+        parents.append((indent, names[-1]))
+    return named
+
+
+def test_the_layout_names_what_exists_and_everything_that_exists():
+    named = layout()
+    assert "src/attnlab/attention/kv_cache.py" in named and "tasks/common/" in named  # parsed
+    stale = sorted(n for n in named if "<" not in n and not (ROOT / n).exists())
+    assert not stale, f"docs/architecture.md's layout names what does not exist: {stale}"
+    unnamed = []
+    for folder in COMPLETE:
+        for path in sorted((ROOT / folder).iterdir()):
+            if path.name.startswith(("__", ".")):
+                continue  # __init__.py, __main__.py, __pycache__
+            if path.suffix == ".py" or (path.is_dir() and any(path.glob("*.py"))) or path.name == "csrc":
+                entry = f"{folder}/{path.name}" + ("/" if path.is_dir() else "")
+                if entry not in named:
+                    unnamed.append(entry)
+    assert not unnamed, (f"docs/architecture.md's layout lacks {unnamed}: give each a line "
+                         f"(its name and what it is) under its folder")
+
+
 def commands(page: str) -> list[tuple[str, list[str]]]:
     """(script, overrides) of every `python train.py ...` / `python eval.py ...` the page shows,
     with placeholders (`<dir>`, `...`), flags and Hydra's own settings left out, and a sweep's
@@ -181,10 +302,10 @@ def commands(page: str) -> list[tuple[str, list[str]]]:
         for arg in shlex.split(re.sub(r"<[^>]*>", "<>", match.group(2)), comments=True):
             if arg.startswith(("-", "hydra")) or "<" in arg or "..." in arg:
                 continue
-            key, _, value = arg.partition("=")
+            key, equals, value = arg.partition("=")
             if "," in value and not value.startswith("["):
                 value = value.split(",")[0]
-            args.append(f"{key}={value}")
+            args.append(f"{key}={value}" if equals else arg)  # `~callbacks.x` deletes, no value
         if (match.group(1), args) not in found:
             found.append((match.group(1), args))
     return found

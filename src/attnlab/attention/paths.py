@@ -7,6 +7,10 @@ path, and finally its materialized reference. CPU paths compute in float32 (floa
 autocast off; CUDA paths take bf16 / fp16 / fp32 as they come (the autocast dtype under autocast)
 and normalize in float32 inside. Outputs come back in the caller's dtype (or the autocast dtype).
 
+On CUDA, DNAS / HNAS have two kernels, Triton and FlexAttention; which one serves a shape is
+the measured table `cuda_choices.json` (written by `bench/attention.py --device cuda
+--write-choices`), Triton where nothing was measured (see `preferred_cuda_path`).
+
 Which path serves what: the table in docs/attention.md. Everything a scheme's paths decline runs
 on its reference; `attnlab.attention.functional.route` lists the paths that would serve a call.
 
@@ -16,15 +20,27 @@ the paths: the schemes import this module, never the other way round.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnlab.attention.kernels import composed, fused, sdpa, triton_query_normalized
+from attnlab.attention.kernels import (
+    composed,
+    flex,
+    fused,
+    sdpa,
+    triton_ops,
+    triton_query_normalized,
+)
 from attnlab.attention.reference import compute_dtype, output_dtype
+from attnlab.errors import ConfigError
 
 CPU_DTYPES = (torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -138,12 +154,100 @@ QUERY_NORMALIZED_FUSED_CPU = FastPath(
     "fused_cpu", _cpu_fused_supports,
     lambda n, c: fused.query_normalized_attend(c.q, c.k, c.v, _u(c), *_masks(c), dropout_p=c.dropout_p),
 )
-QUERY_NORMALIZED_TRITON = FastPath(
-    "triton", _triton_supports,
-    lambda n, c: triton_query_normalized.query_normalized_attend_triton(
-        c.q, c.k, c.v, c.inputs.get("u"), *_masks(c), dropout_p=c.dropout_p),
-)
+def _run_triton(normalizer, call: AttentionCall) -> Tensor | None:
+    if _flex_preferred(normalizer, call):  # measured faster: the flex path, next, serves it
+        return None
+    return triton_ops.query_normalized_attend_triton(
+        call.q, call.k, call.v, call.inputs.get("u"), *_masks(call), dropout_p=call.dropout_p)
+
+
+def _flex_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    # no dropout: FlexAttention cannot drop normalized weights (kernels/flex.py)
+    return (device == "cuda" and dtype in CUDA_DTYPES and not causal and dropout_p == 0.0
+            and flex.available("cuda"))
+
+
+def _run_flex(normalizer, call: AttentionCall) -> Tensor | None:
+    reason = flex.declines(call.q.shape[-1], call.v.shape[-1])
+    if reason is not None:
+        flex.log_decline_once(reason)
+        return None
+    n_iter = getattr(normalizer.options, "n_iter", 1)  # Sinkhorn's rounds; DNAS / HNAS: 1
+    return flex.query_normalized_attend_flex(call.q, call.k, call.v, call.inputs.get("u"),
+                                             *_masks(call), n_iter=n_iter)
+
+
+QUERY_NORMALIZED_TRITON = FastPath("triton", _triton_supports, _run_triton)
+QUERY_NORMALIZED_FLEX = FastPath("flex", _flex_supports, _run_flex)
 QUERY_NORMALIZED_COMPOSED = FastPath("composed", _composed_supports, _run_composed)
 
 UNAS_PATHS = (UNAS_SDPA, UNAS_FUSED_CPU, UNAS_SDPA_MATH)
-QUERY_NORMALIZED_PATHS = (QUERY_NORMALIZED_FUSED_CPU, QUERY_NORMALIZED_TRITON, QUERY_NORMALIZED_COMPOSED)
+QUERY_NORMALIZED_PATHS = (QUERY_NORMALIZED_FUSED_CPU, QUERY_NORMALIZED_TRITON, QUERY_NORMALIZED_FLEX,
+                          QUERY_NORMALIZED_COMPOSED)
+# Sinkhorn: one round is DNAS, on DNAS's kernels; FlexAttention serves any number of rounds
+SINKHORN_PATHS = tuple(p if p is QUERY_NORMALIZED_FLEX else p.when(lambda n: n.options.n_iter == 1)
+                       for p in QUERY_NORMALIZED_PATHS)
+
+
+# ----------------------------------------------------------------------------- Triton or Flex
+CUDA_CHOICES_FILE = Path(flex.__file__).with_name("cuda_choices.json")
+DEFAULT_CUDA_PATH = "triton"  # where nothing was measured: it also serves dropout
+CHOICE_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # the buckets the bench measures
+
+
+def length_bucket(length: int) -> int:
+    """The measured length nearest above `length` (the largest one past them)."""
+    return next((b for b in CHOICE_LENGTHS if length <= b), CHOICE_LENGTHS[-1])
+
+
+def choice_key(length: int, head_dim: int, dtype: torch.dtype) -> str:
+    """The table's key, e.g. "4096/64/bfloat16" (length: max(S_q, S_k))."""
+    return f"{length_bucket(length)}/{head_dim}/{str(dtype).removeprefix('torch.')}"
+
+
+@functools.cache
+def cuda_choices() -> dict[str, str]:
+    """{choice_key: "triton" | "flex"}, as measured (empty when never measured)."""
+    try:
+        data = json.loads(CUDA_CHOICES_FILE.read_text())
+        choices = data["choices"]
+    except FileNotFoundError:
+        return {}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{CUDA_CHOICES_FILE} is not a table of CUDA path choices ({err}); "
+                          f"delete it or rewrite it: python bench/attention.py --device cuda "
+                          f"--write-choices") from None
+    return {key: choices[key] for key in choices if choices[key] in ("triton", "flex")}
+
+
+_pinned: list[str] = []  # pinned_cuda_path's stack
+
+
+@contextlib.contextmanager
+def pinned_cuda_path(name: str):
+    """Within the block, `name` ("triton" or "flex") serves DNAS / HNAS on CUDA wherever it
+    can, whatever the measured table says (benchmarks, comparisons)."""
+    if name not in ("triton", "flex"):
+        raise ConfigError(f"pinned_cuda_path({name!r}): the CUDA kernels are 'triton' and 'flex'")
+    _pinned.append(name)
+    try:
+        yield
+    finally:
+        _pinned.pop()
+
+
+# a constant to torch.compile (its graphs are per shape anyway): reading the table inside a traced
+# region would break the graph at every attention call
+@torch.compiler.assume_constant_result
+def preferred_cuda_path(length: int, head_dim: int, dtype: torch.dtype) -> str:
+    """"triton" or "flex": the pinned one, else the faster DNAS / HNAS kernel measured for this
+    shape, else Triton (torch.compile reads it once per compiled shape)."""
+    if _pinned:
+        return _pinned[-1]
+    return cuda_choices().get(choice_key(length, head_dim, dtype), DEFAULT_CUDA_PATH)
+
+
+def _flex_preferred(normalizer, call: AttentionCall) -> bool:
+    length = max(call.q.shape[-2], call.k.shape[-2])
+    return (preferred_cuda_path(length, call.q.shape[-1], call.q.dtype) == "flex"
+            and _flex_supports(normalizer, "cuda", call.q.dtype, call.dropout_p, call.causal))

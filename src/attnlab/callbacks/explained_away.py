@@ -3,7 +3,10 @@
 On validation, for every attention layer: the histogram of `log sum_i w_ij` over valid keys, the
 share of keys with `sum_i w_ij < threshold` (epsilon-explained-away, the seed paper's 1e-8), and the
 minimum column sum next to the DNAS bound `1/S` (S = number of valid keys). DNAS guarantees
-`min_j sum_i w_ij * S >= 1`; UNAS does not. The scalars go through `self.log` (so into
+`min_j sum_i w_ij * S >= 1`; UNAS does not. Beside them the attention entropy
+`-sum_j w_ij log w_ij` (nats), averaged over heads and valid query rows: how sharp each layer's
+attention is (log S: uniform; 0: one key), which tells a scheme that explains keys away by
+sharpening from one that spreads its weight. The scalars go through `self.log` (so into
 metrics.json and every logger), the histograms to W&B/TensorBoard and a PNG in the run dir.
 
 Weights are only materialized on the first `max_batches` validation batches of an epoch, through
@@ -17,17 +20,22 @@ import math
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
+from torchmetrics import MeanMetric
 
 from attnlab.attention import ColumnStats, attention_modules, record_attention
+from attnlab.attention.statistics import valid_rows
 from attnlab.loggers import LoggerAdapter
 
 
 class ExplainedAway(pl.Callback):
-    def __init__(self, max_batches: int = 8, threshold: float = 1e-8, png_name: str = "explained_away.png") -> None:
+    def __init__(self, max_batches: int = 8, threshold: float = 1e-8,
+                 png_name: str | None = "explained_away.png") -> None:
         self.max_batches = int(max_batches)
         self.threshold = float(threshold)
         self.png_name = png_name
         self._stats: dict[int, ColumnStats] = {}
+        self._entropy: dict[int, MeanMetric] = {}  # reduced across DDP processes like the sums
         self._names: list[str] = []
         self._recorder: record_attention | None = None
 
@@ -35,7 +43,7 @@ class ExplainedAway(pl.Callback):
         return not trainer.sanity_checking and batch_idx < self.max_batches
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._stats = {}
+        self._stats, self._entropy = {}, {}
         self._names = [name for name, _ in attention_modules(pl_module)]
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
@@ -54,6 +62,13 @@ class ExplainedAway(pl.Callback):
             if stats is None:
                 stats = self._stats[l] = ColumnStats(threshold=self.threshold).to(pl_module.device)
             stats.update(rec.column_sums, rec.key_padding_mask, rec.query_padding_mask)
+            rows = valid_rows(rec.weights)  # (B, S_q): padded queries attend nowhere
+            if rows.any():
+                entropy = torch.special.entr(rec.weights.double()).sum(-1)  # (B, H, S_q)
+                entropy = entropy.transpose(1, 2)[rows]  # (N, H)
+                if l not in self._entropy:
+                    self._entropy[l] = MeanMetric().to(pl_module.device)
+                self._entropy[l].update(entropy.mean(), weight=entropy.numel())
         self._recorder = None
 
     def summarize(self) -> dict[int, dict]:
@@ -63,6 +78,8 @@ class ExplainedAway(pl.Callback):
             if math.isnan(float(values["explained_away"])):
                 continue
             out[l] = {"log_col": stats.log_column_sums(), **{k: float(v) for k, v in values.items()}}
+            if l in self._entropy:
+                out[l]["entropy"] = float(self._entropy[l].compute())
         return out
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
@@ -76,11 +93,13 @@ class ExplainedAway(pl.Callback):
                               ("min_col_sum", "min_col_sum"), ("bound_1_over_S", "bound_1_over_S"),
                               ("min_col_sum_times_S", "min_col_sum_x_S")):
                 pl_module.log(f"{prefix}/{key}", s[name])  # already reduced over processes
+            if "entropy" in s:
+                pl_module.log(f"{prefix}/entropy", s["entropy"])
             log.histogram(f"{prefix}/log_col_sum", s["log_col"])
-        if trainer.is_global_zero and summary:
+        if trainer.is_global_zero and summary and self.png_name:  # null: numbers only
             path = self.write_png(Path(trainer.default_root_dir) / self.png_name, summary)
             log.image("explained_away/histograms", path)
-        self._stats = {}
+        self._stats, self._entropy = {}, {}
 
     def write_png(self, path: Path, summary: dict) -> Path:
         import matplotlib

@@ -32,7 +32,7 @@ from attnlab.loggers import LoggerAdapter
 
 
 class HeadDiversity(pl.Callback):
-    def __init__(self, max_batches: int = 8, png_name: str = "head_jsd.png") -> None:
+    def __init__(self, max_batches: int = 8, png_name: str | None = "head_jsd.png") -> None:
         self.max_batches = int(max_batches)
         self.png_name = png_name
         self._acc: dict[str, dict] = {}
@@ -109,7 +109,7 @@ class HeadDiversity(pl.Callback):
         log.table(f"head_diversity/{stage}/layers", ["layer", "module", "heads", "avg_jsd", "head_distance"],
                   [[index[n], n, int(summary[n]["jsd"].shape[0]), round(summary[n]["avg_jsd"], 5),
                     round(summary[n]["head_distance"], 5)] for n in names])
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and self.png_name:  # png_name null: numbers only (probe runs)
             png = self.png_name if stage == "val" else self.png_name.replace(".png", f"_{stage}.png")
             path = self.write_png(Path(trainer.default_root_dir) / png, summary, index)
             log.image(f"head_diversity/{stage}/jsd_heatmaps", path)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     start, load_before, commit = time.time(), os.getloadavg()[0], git_commit(root)  # what the runs train
     print(f"[reproduce] {args.mode}: claims {', '.join(names)}; {sum(len(s.runs) for s in sweeps)} training runs "
           f"in {len(sweeps)} sweep(s), {args.jobs} at a time -> {out_dir}", flush=True)
-    results = run_sweeps(sweeps, plan, out_dir, args.jobs) if sweeps else Results()
+    results = run_sweeps(sweeps, plan, out_dir, args.jobs) if sweeps else Results(plan.cards)
     outcomes = []
     for claim in claims:
         try:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             "mode": args.mode, "commit": commit, "started": stamp, "machine": machine(),
             "load_before": f"{load_before:.1f}", "load_after": f"{os.getloadavg()[0]:.1f}", "jobs": args.jobs,
             "wall_s": time.time() - start}
-    report = write_report(out_dir, outcomes, meta)
+    report = write_report(out_dir, outcomes, meta, results.runs_table())
     print(summary_table(outcomes))
     if args.wandb:
         print(f"[reproduce] W&B run: {log_to_wandb(out_dir, outcomes, meta)}")

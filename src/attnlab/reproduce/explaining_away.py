@@ -43,7 +43,8 @@ LEMMA_TOLERANCE = 1e-4
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [Run(task, model, plan.seeds[0]) for task in plan.claim_tasks(NAME) for model in MODELS]
+    return [Run(task, model, plan.seeds[0], extra) for task, extra in plan.claim_variants(NAME)
+            for model in MODELS]
 
 
 def scheme_layers(record: dict, key: str | None, layers: list[int]) -> list[int]:
@@ -67,35 +68,42 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     rows, missing, failed, figures = [], [], [], []
     unas_explains, lemma_holds, measured = False, True, False
     tasks = plan.claim_tasks(NAME)
+    scores = []
     for task in tasks:
         if plan.skip_reason(task):
             missing.append(f"task {task}: not run ({plan.skip_reason(task)})")
+    for task, extra in plan.claim_variants(NAME):
+        if plan.skip_reason(task):
             continue
+        name = plan.label(task, extra)
         stats = {}
         for model in MODELS:
-            run = Run(task, model, plan.seeds[0])
+            run = Run(task, model, plan.seeds[0], extra)
             record = results.get(run)
             if record is None:
-                failed.append(f"{task}/{model}: {results.error(run)}")
+                failed.append(f"{name}/{model}: {results.error(run)}")
                 continue
             layers = explained_away(record)
             encoder = scheme_layers(record, plan.cards[task].encoder_layers, sorted(layers))
             stats[model] = {l: layers[l] for l in encoder}
             png = Path(record["run_dir"]) / "explained_away.png"
             if png.is_file():
-                name = f"explained_away_{task}_{model}.png"
-                shutil.copy(png, out_dir / name)
-                figures.append(name)
+                figure = f"explained_away_{name.replace(':', '_')}_{model}.png"
+                shutil.copy(png, out_dir / figure)
+                figures.append(figure)
         if len(stats) < 2:
             continue
+        metric = plan.cards[task].optimized_metric
+        scores.append(f"{name}: {metric} UNAS {_fmt(results.metric(Run(task, 'unas', plan.seeds[0], extra), metric))}, "
+                      f"DNAS {_fmt(results.metric(Run(task, 'dnas', plan.seeds[0], extra), metric))}")
         for layer in sorted(set(stats["unas"]) & set(stats["dnas"])):
             u, d = stats["unas"][layer], stats["dnas"][layer]
             measured = True
             unas_explains |= u.get("share_below", 0.0) > 0
             lemma_holds &= d.get("min_col_sum_times_S", math.inf) >= 1 - LEMMA_TOLERANCE
-            rows.append(f"| {task} | {layer} | {_fmt(u.get('share_below'))} | {_fmt(u.get('min_col_sum_times_S'))} | "
+            rows.append(f"| {name} | {layer} | {_fmt(u.get('share_below'))} | {_fmt(u.get('min_col_sum_times_S'))} | "
                         f"{_fmt(d.get('share_below'))} | {_fmt(d.get('min_col_sum'))} | {_fmt(d.get('bound_1_over_S'))} | "
-                        f"{_fmt(d.get('min_col_sum_times_S'))} |")
+                        f"{_fmt(d.get('min_col_sum_times_S'))} | {_fmt(u.get('entropy'))} | {_fmt(d.get('entropy'))} |")
     if not measured:
         why = "no UNAS/DNAS pair trained: " + "; ".join(failed + missing)
         return not_run(NAME, TITLE, PAPER, CLAIM, why)
@@ -103,9 +111,9 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     ours = (f"UNAS explains keys away in some layer: {unas_explains}; DNAS bound min col sum x S >= 1 in every "
             f"layer: {lemma_holds}")
     header = ("| task | layer | UNAS share < 1e-8 | UNAS min x S | DNAS share < 1e-8 | DNAS min col sum | 1/S | "
-              "DNAS min x S |")
-    table = [header, "|---|---|---|---|---|---|---|---|", *rows]
-    notes = missing + [f"failed: {f}" for f in failed]
+              "DNAS min x S | UNAS entropy | DNAS entropy |")
+    table = [header, "|---|---|---|---|---|---|---|---|---|---|", *rows]
+    notes = [f"what the pairs scored: {s}" for s in scores] + missing + [f"failed: {f}" for f in failed]
     return ClaimResult(
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM, ours=ours,
         setting="; ".join(plan.setting_text(t) for t in tasks if not plan.skip_reason(t)),

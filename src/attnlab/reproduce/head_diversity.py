@@ -29,13 +29,13 @@ CLAIM = "CODA: higher average JSD between heads than the Transformer; repulsive:
 MODELS = ("unas", "coda", "repulsive")
 
 
-def _run(plan: Plan, task: str, model: str) -> Run:
-    # the card's overrides that give the task multi-head attention to compare
-    return Run(task, model, plan.seeds[0], plan.cards[task].multi_head)
+def _run(plan: Plan, task: str, model: str, extra: tuple[str, ...] = ()) -> Run:
+    # the card's overrides that give the task multi-head attention to compare (and the variant's)
+    return Run(task, model, plan.seeds[0], plan.cards[task].multi_head + extra)
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [_run(plan, task, model) for task in plan.claim_tasks(NAME) for model in MODELS]
+    return [_run(plan, task, model, extra) for task, extra in plan.claim_variants(NAME) for model in MODELS]
 
 
 def _fmt(value: float) -> str:
@@ -45,21 +45,22 @@ def _fmt(value: float) -> str:
 def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
     rows, notes, coda, repulsive = [], [], [], []
     tasks = plan.claim_tasks(NAME)
-    for task in tasks:
+    notes += [f"- {task}: not run ({plan.skip_reason(task)})" for task in tasks if plan.skip_reason(task)]
+    for task, extra in plan.claim_variants(NAME):
         if plan.skip_reason(task):
-            notes.append(f"- {task}: not run ({plan.skip_reason(task)})")
             continue
-        jsd = {m: results.metric(_run(plan, task, m), "test/avg_jsd") for m in MODELS}
-        dist = {m: results.metric(_run(plan, task, m), "test/head_distance") for m in MODELS}
-        notes += [f"- {task}/{m}: {results.error(_run(plan, task, m))}" for m in MODELS
-                  if results.get(_run(plan, task, m)) is None]
+        name = plan.label(task, extra)
+        run = {m: _run(plan, task, m, extra) for m in MODELS}
+        jsd = {m: results.metric(run[m], "test/avg_jsd") for m in MODELS}
+        dist = {m: results.metric(run[m], "test/head_distance") for m in MODELS}
+        notes += [f"- {name}/{m}: {results.error(run[m])}" for m in MODELS if results.get(run[m]) is None]
         if math.isnan(jsd["unas"]):
             continue
         if not math.isnan(jsd["coda"]):
             coda.append(jsd["coda"] > jsd["unas"])
         if not math.isnan(dist["repulsive"]):
             repulsive.append(dist["repulsive"] > dist["unas"])
-        rows.append(f"| {task} | {_fmt(jsd['unas'])} | {_fmt(jsd['coda'])} | {_fmt(dist['unas'])} | "
+        rows.append(f"| {name} | {_fmt(jsd['unas'])} | {_fmt(jsd['coda'])} | {_fmt(dist['unas'])} | "
                     f"{_fmt(dist['repulsive'])} |")
     checks = coda + repulsive
     if not checks:

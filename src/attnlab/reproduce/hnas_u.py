@@ -28,7 +28,7 @@ MOVED, SPREAD = 0.05, 0.05
 
 
 def runs(plan: Plan) -> list[Run]:
-    return [Run(task, "hnas", plan.seeds[0]) for task in plan.claim_tasks(NAME)]
+    return [Run(task, "hnas", plan.seeds[0], extra) for task, extra in plan.claim_variants(NAME)]
 
 
 def initial_u(record: dict) -> float | None:
@@ -64,27 +64,28 @@ def plot(per_task: dict[str, tuple[list[list[float]], float | None]], path: Path
 
 def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     per_task, rows, notes, figures, checks = {}, [], [], [], []
-    for task in plan.claim_tasks(NAME):
-        run = Run(task, "hnas", plan.seeds[0])
+    for task, extra in plan.claim_variants(NAME):
+        run, name = Run(task, "hnas", plan.seeds[0], extra), plan.label(task, extra)
         if plan.skip_reason(task):
-            notes.append(f"- {task}: not run ({plan.skip_reason(task)})")
+            notes.append(f"- {name}: not run ({plan.skip_reason(task)})")
             continue
         record = results.get(run)
         if record is None or not record.get("hnas_u"):
-            notes.append(f"- {task}: {results.error(run) or 'no HNAS module'}")
+            notes.append(f"- {name}: {results.error(run) or 'no HNAS module'}")
             continue
         layers = list(record["hnas_u"].values())
         init = initial_u(record)
-        per_task[task] = (layers, init)
+        per_task[name] = (layers, init)
         means = [sum(u) / len(u) for u in layers]
         moved = init is not None and max(abs(m - init) for m in means) > MOVED
         spread = max(means) - min(means)
         checks.append(moved and spread > SPREAD)
-        rows.append(f"| {task} | {init} | " + ", ".join(f"{m:.3f}" for m in means) + f" | {spread:.3f} |")
+        rows.append(f"| {name} | {init} | " + ", ".join(f"{m:.3f}" for m in means) + f" | {spread:.3f} |")
         png = Path(record["run_dir"]) / "hnas_u.png"
         if png.is_file():
-            shutil.copy(png, out_dir / f"hnas_u_{task}.png")
-            figures.append(f"hnas_u_{task}.png")
+            figure = f"hnas_u_{name.replace(':', '_')}.png"
+            shutil.copy(png, out_dir / figure)
+            figures.append(figure)
     if not per_task:
         return not_run(NAME, TITLE, PAPER, CLAIM, "no HNAS run finished; " + " ".join(notes))
     figures.insert(0, plot(per_task, out_dir / "hnas_u_layers.png").name)
@@ -92,6 +93,6 @@ def evaluate(plan: Plan, results: Results, out_dir: Path) -> ClaimResult:
     return ClaimResult(
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM,
         ours="; ".join(f"{t}: " + ", ".join(f"{sum(u) / len(u):.2f}" for u in layers) for t, (layers, _) in per_task.items()),
-        setting="; ".join(plan.setting_text(t) for t in per_task), seeds=str(plan.seeds[0]),
+        setting="; ".join(plan.setting_text(t) for t in dict.fromkeys(n.split(":")[0] for n in per_task)), seeds=str(plan.seeds[0]),
         verdict=HOLDS if all(checks) else NOT_AT_SCALE, details="\n".join(table + [""] + notes), figures=figures,
     )

@@ -70,7 +70,7 @@ def run_sweep(sweep: Sweep, plan: Plan, runs_dir: Path, threads: int | None) -> 
 def run_sweeps(sweeps: list[Sweep], plan: Plan, out_dir: Path, jobs: int = 1) -> Results:
     runs_dir = out_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    results = Results()
+    results = Results(plan.cards)  # judges every run against its task's trivial baseline
     # side by side, each sweep gets one thread (OMP_NUM_THREADS=1); alone, torch's default
     threads = 1 if jobs > 1 else None
     # the longest first, so that the last to finish is short

@@ -17,6 +17,11 @@ unless --tasks names others: the papers' own tasks of CODA and repulsive attenti
 would take --quick past its 15 minutes on 2 cores. A task that is not trained is skipped and its
 claims say "not run" and why. A new task enters a claim by naming it in its card; nothing here
 lists tasks.
+
+A task with a config group of its own name (conf/<task>/<variant>.yaml: the probes,
+`task=probe probe=coverage`) enters each of its card's claims once per variant, with the
+override `<task>=<variant>`; a variant's file may narrow that to some claims
+(`<task>.claims: [explaining_away]`). Nothing here lists variants either.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from attnlab.cards import Card, task_cards
 
@@ -38,7 +45,9 @@ GENERIC_QUICK = ("trainer.max_epochs=1", "++trainer.limit_train_batches=100",
 
 # Every reproduction run: CSV metrics (the explained-away scalars are read from them), no
 # progress bar in the logs, and none of the analyses that no claim reads (they cost evaluations).
-COMMON = ("~callbacks.progress_bar", "~callbacks.head_importance", "~callbacks.calibration")
+# (set to null, not deleted: a task config that already sets one to null, the probes', has no
+# key left for `~` to delete)
+COMMON = ("++callbacks.progress_bar=null", "++callbacks.head_importance=null", "++callbacks.calibration=null")
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,29 @@ class Plan:
     def claim_tasks(self, claim: str) -> list[str]:
         """The tasks whose card enters `claim` (the claim's NAME or a task claim's module path)."""
         return [name for name, card in self.cards.items() if claim in card.claims]
+
+    def variants(self, task: str, claim: str | None = None) -> list[tuple[str, ...]]:
+        """The extra overrides of each variant of a task (conf/<task>/<variant>.yaml), those that
+        enter `claim` when given; [()] for a task without variants."""
+        folder = self.root / "conf" / task
+        files = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+        if not files:
+            return [()]
+        found = []
+        for path in files:
+            claims = OmegaConf.select(OmegaConf.load(path), f"{task}.claims")
+            if claim is None or claims is None or claim in claims:
+                found.append((f"{task}={path.stem}",))
+        return found
+
+    def claim_variants(self, claim: str) -> list[tuple[str, tuple[str, ...]]]:
+        """(task, extra overrides) of every task, and variant of it, that enters `claim`."""
+        return [(task, extra) for task in self.claim_tasks(claim) for extra in self.variants(task, claim)]
+
+    @staticmethod
+    def label(task: str, extra: tuple[str, ...]) -> str:
+        """How the report names a task's variant: `probe:coverage` (the task alone without one)."""
+        return ":".join([task, *(e.split("=", 1)[1] for e in extra if e.startswith(f"{task}="))])
 
     def task_exists(self, task: str) -> bool:
         return task in self.cards

@@ -44,7 +44,8 @@ def summary_table(claims: list[ClaimResult]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict) -> Path:
+def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict, runs_table: str = "") -> Path:
+    """REPORT.md; `runs_table`: every run against its trivial baseline (Results.runs_table)."""
     lines = [
         "# attnlab: the papers' claims, reproduced",
         "",
@@ -53,7 +54,8 @@ def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict) -> Path:
          f"{meta['jobs']} sweep(s) side by side; wall time {meta['wall_s'] / 60:.1f} min"),
         "",
         ("Verdicts: *holds*, *does not hold at this scale* (the runs are far smaller than the papers'), "
-         "*not run*. Each run's own directory (metrics.json, checkpoints, PNGs) is under `runs/`."),
+         "*not run*. A run that did not beat its task's trivial baseline enters no verdict (see *Did the "
+         "runs learn?* at the end). Each run's own directory (metrics.json, checkpoints, PNGs) is under `runs/`."),
         "",
         summary_table(claims),
         "",
@@ -64,6 +66,12 @@ def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict) -> Path:
         if c.details:
             lines += [c.details, ""]
         lines += [f"![{name}]({name})" for name in c.figures] + [""]
+    if runs_table:
+        lines += ["## Did the runs learn?", "",
+                  ("Each run's optimized metric against its task's trivial baseline (the task card's "
+                   "`baseline`: majority class, unigram, lead, ...). A run that does not beat it by "
+                   "`attnlab.comparison_stats.did_learn`'s margin stayed on its first plateau: the claims "
+                   "above treat it as failed and draw no verdict from it."), "", runs_table, ""]
     path = out_dir / "REPORT.md"
     path.write_text("\n".join(lines))
     return path

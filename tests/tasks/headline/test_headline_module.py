@@ -83,6 +83,11 @@ def test_datamodule_rejects_bad_source():
         HeadlineDataModule(source="gigaword")
 
 
+def _rows(folder):
+    with open(folder / "predictions.tsv", encoding="utf-8", newline="") as handle:
+        return list(csv.reader(handle, delimiter="\t"))
+
+
 def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     pl.seed_everything(0)
     dm = gigaword_datamodule()
@@ -104,6 +109,14 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
         trainer.callback_metrics
     )
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
+    # the lead baseline on the decoded val examples (the card's trivial baseline), and the share of
+    # distinct headlines among them
+    from tasks.headline.baseline import lead_scores
+
+    decoded = [b for _, b in zip(range(module.hparams.val_decode_batches), dm.val_dataloader())]
+    expected = lead_scores([a for b in decoded for a in b["articles"]], [h for b in decoded for h in b["headlines"]], 8)
+    assert float(trainer.callback_metrics["val/lead_rougeL"]) == pytest.approx(expected["rougeL"], abs=1e-6)
+    assert 0 < float(trainer.callback_metrics["val/distinct_ratio"]) <= 1
     # HNAS's u logits train in their own group: learning rate hybrid_lr, no weight decay
     logit = module.net.encoder_layers[0].self_attn.normalizer.hybrid_logit
     (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
@@ -125,12 +138,12 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     for key in ("test/rouge1", "test/rouge2", "test/rougeL"):
         assert 0.0 <= results[key] <= 1.0
     # the lead baseline, on the same test examples, next to the model's scores
-    from tasks.headline.baseline import lead_scores
-
     test = dm.data["test"]
     expected = lead_scores([t["article"] for t in test], [t["headline"] for t in test], 8)
     for key, value in expected.items():
         assert results[f"test/lead_{key}"] == pytest.approx(value, abs=1e-6)
+    written = [r[2] for r in _rows(tmp_path)[1:]]
+    assert results["test/distinct_ratio"] == pytest.approx(len(set(written)) / len(written))
     with open(tmp_path / "predictions.tsv", encoding="utf-8", newline="") as handle:
         rows = list(csv.reader(handle, delimiter="\t"))
     # predictions use only word pieces of the training headlines

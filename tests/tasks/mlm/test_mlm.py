@@ -1,6 +1,7 @@
 """Task mlm: the encoder is a real BERT, data packing/splitting, and a tiny training run."""
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -83,7 +84,11 @@ def test_datamodule_masks_anew_each_training_epoch_only(tmp_path):
     dm = MLMDataModule(files=[str(PLAIN)], fractions=(0.6, 0.2, 0.2), max_length=64, batch_size=4, seed=3)
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.model_kwargs() == {"vocab_size": 30522, "pad_id": 0, "max_length": 64}
+    # the unigram baseline's word piece: the most frequent of the training text ([CLS]/[SEP] aside)
+    counts = Counter(int(i) for i, w in zip(dm.datasets["train"].text.ids, dm.datasets["train"].text.word_ids)
+                     if w >= 0)
+    unigram = max(counts, key=lambda i: (counts[i], -i))
+    assert dm.model_kwargs() == {"vocab_size": 30522, "pad_id": 0, "max_length": 64, "unigram_id": unigram}
     train, val = dm.datasets["train"], dm.datasets["val"]
     first = train[0]["labels"].clone(), val[0]["labels"].clone()
     dm.set_epoch(1)
@@ -123,6 +128,10 @@ def _tiny_run(tmp_path, attention, optimizer, data, **module_args):
     return trainer, module, fitted, tested
 
 
+def dm_of(module):
+    return module.trainer.datamodule
+
+
 def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     # 11 families in the fixture: these fractions leave every split non-empty
     data = {"data_dir": str(tmp_path / "debian"), "fractions": (0.4, 0.3, 0.3)}
@@ -136,6 +145,10 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
         assert math.isfinite(fitted[name]), name
     # perplexity is exp of the token-mean cross-entropy on the masked tokens
     assert abs(math.log(tested["test/ppl"]) - tested["test/loss"]) < 1e-3
+    # the trivial baseline: the unigram word piece's accuracy on the same masked test tokens
+    labels = torch.cat([b["labels"][b["labels"] != IGNORE] for b, _ in zip(dm_of(module).test_dataloader(), range(2))])
+    assert tested["test/baseline_acc"] == pytest.approx(float((labels == module.unigram_id).float().mean()))
+    assert module.unigram_id == dm_of(module).model_kwargs()["unigram_id"]
     assert 0.0 <= tested["test/acc"] <= 1.0
     # u is trained, in an optimizer group of its own (learning rate hybrid_lr, no weight decay)
     logits = [layer.self_attn.normalizer.hybrid_logit for layer in module.net.encoder.layers]

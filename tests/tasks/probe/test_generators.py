@@ -243,3 +243,20 @@ def test_impossible_options_fail_in_one_line(probe, options, words):
     with pytest.raises(ValueError, match=words) as error:
         GENERATORS[probe](10, 0, **options)
     assert "\n" not in str(error.value)
+
+
+def test_retrieval_places_markers_and_distractors_uniformly():
+    """Markers in a random order and anywhere after CLS; distractors on the free cells only."""
+    data = retrieval.generate(4000, 1, seq_len=12, num_slots=2, num_values=4,
+                              num_value_distractors=3)
+    (m_low, _), (v_low, v_high) = data.meta["markers"], data.meta["values"]
+    first = (data.inputs == m_low).float().argmax(1)
+    second = (data.inputs == m_low + 1).float().argmax(1)
+    assert float((first < second).float().mean()) == pytest.approx(0.5, abs=0.03)  # s.e. 0.008
+    # marker 0's cell: the 36 placements of two blocks of 2 in cells 1..11, half of them with
+    # marker 0 in each block, put it at cells 1 and 10 in 8 of 72 cases, at 2..9 in 7
+    shares = torch.bincount(first, minlength=12)[1:11] / 4000
+    theory = torch.tensor([8, 7, 7, 7, 7, 7, 7, 7, 7, 8]) / 72
+    assert torch.allclose(shares, theory, atol=0.015)  # s.e. 0.005
+    is_value = (data.inputs >= v_low) & (data.inputs < v_high)
+    assert (is_value.sum(1) == 2 + 3).all()  # no distractor lands on a marker's value

@@ -8,7 +8,11 @@ which kernel, and when; docs/attention.md has the table):
 - `composed.py`: DNAS / HNAS composed from ATen's CPU flash kernel, where the C++ kernel cannot be
   built;
 - `triton_query_normalized.py` (+ `_triton_kernels.py`): DNAS / HNAS on CUDA as Triton kernels
-  (triton is imported lazily: CPU-only installs never need it);
+  (triton is imported lazily: CPU-only installs never need it); `triton_ops.py` registers them as
+  torch ops so `torch.compile` traces through them; `_triton_configs.py`: their autotune configs;
+- `flex.py`: DNAS / HNAS / Sinkhorn-k on CUDA through PyTorch's FlexAttention (block masks for
+  padding, sliding windows, documents; no dropout); `cuda_choices.json`: which of Triton / Flex
+  serves each shape, written by `bench/attention.py --device cuda --write-choices`;
 - `dropout.py`: the counter-based dropout mask that every kernel (C++, Triton) and the reference
   regenerate from one seed.
 

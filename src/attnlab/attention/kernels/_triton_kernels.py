@@ -14,6 +14,9 @@ block multiples and nothing S_q x S_k is ever stored:
   dP = dO V^T computed once for both branches. No atomics: each program owns its keys.
 - `_backward_q`: query blocks over key blocks: dQ = scale sum_j (dS_ij + dc_j xi_ij) k_j.
 
+Grids are 1-D (`_program`): program = (b * H + h) * blocks + block. Tile sizes are autotuned
+(`_triton_configs.py`); head dims up to 256 (the host declines larger ones).
+
 Rows with no valid entry have l = 0: their output is 0 and their LSE +inf, so that their
 weights recomputed in the backward are exp(-inf) = 0; nothing is NaN. Dropout: the
 counter-based mask of kernels/dropout.py, or an explicit keep mask (tests).
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton import knobs
+
+from attnlab.attention.kernels._triton_configs import tuned
 
 # arguments that change from call to call: never specialize (recompile) on their values
-_PER_CALL = ["seed_lo", "seed_hi", "threshold", "inv_keep"]
+_PER_CALL = ["seed_lo", "seed_hi", "threshold", "inv_keep", "TUNE_M", "TUNE_N"]
 
 
 @triton.jit
@@ -73,10 +79,19 @@ def _tile(X, base, offs_r, offs_c, stride_r, R, C, CAST: tl.constexpr):
 
 
 @triton.jit
-def _column_lse(Q, K, QPM, C, sqb, sqh, sqm, skb, skh, skn, H, M, N, D, scale,
+def _program(L, BLOCK: tl.constexpr):
+    """(b * H + h, block index) of this program on the 1-D grid: blocks of one head are
+    consecutive programs (they share its K / V in L2), and a 1-D grid has no 65,535 cap."""
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(L, BLOCK)
+    return pid // n_blocks, pid % n_blocks
+
+
+@triton.jit(do_not_specialize=["TUNE_M", "TUNE_N"])
+def _column_lse(Q, K, QPM, C, sqb, sqh, sqm, skb, skh, skn, H, M, N, D, scale, TUNE_M, TUNE_N,
                 HAS_QPM: tl.constexpr, CAST: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid = _program(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -99,12 +114,12 @@ def _column_lse(Q, K, QPM, C, sqb, sqh, sqm, skb, skh, skn, H, M, N, D, scale,
 @triton.jit(do_not_specialize=_PER_CALL)
 def _forward(Q, K, V, C, U, KPM, QPM, KEEP, O, OD, OU, LSE_D, LSE_U,
              sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
-             H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep,
+             H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep, TUNE_M, TUNE_N,
              HYBRID: tl.constexpr, HAS_KPM: tl.constexpr, HAS_QPM: tl.constexpr,
              DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
              PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid = _program(M, BLOCK_M)
     b, h = bh // H, bh % H
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -213,12 +228,12 @@ def _score_grads(q, k, g, v, c, lse_d, lse_u, delta_d, delta_u, u, valid, kept, 
 @triton.jit(do_not_specialize=_PER_CALL)
 def _backward_kv(Q, K, V, G, C, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DELTA_U, DK, DV_, DC,
                  sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sgb, sgh, sgm,
-                 H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep,
+                 H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep, TUNE_M, TUNE_N,
                  HYBRID: tl.constexpr, HAS_KPM: tl.constexpr, HAS_QPM: tl.constexpr,
                  DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid = _program(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -262,12 +277,12 @@ def _backward_kv(Q, K, V, G, C, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DELTA_
 @triton.jit(do_not_specialize=_PER_CALL)
 def _backward_q(Q, K, V, G, C, DC, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DELTA_U, DQ,
                 sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sgb, sgh, sgm,
-                H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep,
+                H, M, N, D, DV, scale, seed_lo, seed_hi, threshold, inv_keep, TUNE_M, TUNE_N,
                 HYBRID: tl.constexpr, HAS_KPM: tl.constexpr, HAS_QPM: tl.constexpr,
                 DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid = _program(M, BLOCK_M)
     b, h = bh // H, bh % H
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -296,3 +311,11 @@ def _backward_q(Q, K, V, G, C, DC, U, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, DEL
     dq_ptrs = DQ + (bh.to(tl.int64) * M + offs_m)[:, None] * D + offs_d[None, :]
     tl.store(dq_ptrs, (scale * acc).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_d[None, :] < D))
+
+
+# What the host launches: autotuned when compiled, as they are under the interpreter
+INTERPRETED = knobs.runtime.interpret
+column_lse = tuned("column", _column_lse)
+forward = tuned("forward", _forward)
+backward_kv = tuned("backward_kv", _backward_kv)
+backward_q = tuned("backward_q", _backward_q)

@@ -12,6 +12,11 @@ depending on every input bit) and (seed_lo, seed_hi) the low and high 31 bits of
 drawn from torch's generator per call and saved for the backward, which regenerates the same
 mask. (31-bit halves and threshold: Triton then passes them as int32 whatever their values.)
 `keep_mask` here is the same function in torch, for tests and for checking the kernels.
+
+The exception: UNAS on CUDA runs on SDPA (flash / memory-efficient), which drops weights with
+its own Philox generator (torch's CUDA generator), not with this mask. There the same seed does
+not drop the same weights as on the other paths (the rate and the 1/(1-p) scaling are the same);
+DNAS / HNAS on CUDA (Triton) and every CPU path do use this mask.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 
 
+def draw_seed_tensor() -> Tensor:
+    """A 62-bit seed from torch's default (CPU) generator, as a 0-d int64 CPU tensor: the Triton
+    ops take it so, and read it inside the op (no `.item()` where torch.compile traces)."""
+    return torch.randint(0, 2**62, (), dtype=torch.int64)
+
+
 def draw_seed() -> int:
-    """A 62-bit seed from torch's default generator (reproducible under torch.manual_seed)."""
-    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+    """A 62-bit seed from torch's default generator (reproducible under torch.manual_seed);
+    the same draw as `draw_seed_tensor`."""
+    return int(draw_seed_tensor().item())
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:

@@ -2,7 +2,8 @@
 
 The kernel computes the column log-sum-exp, both normalizations and the output in one pass over
 blocks of queries, and the exact gradient (including the part through the column sums) in two,
-never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math.
+never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math, and
+bench/attention.py (WORK_PER_SCORE) for its matrix products and exponentials against flash's.
 Attention dropout runs inside it: a counter-based keep mask (kernels/dropout.py) that the
 backward regenerates from the saved seed. UNAS uses it where ATen's flash kernel does not serve
 (dropout; scores too large for it), see attnlab.attention.paths.
@@ -29,8 +30,13 @@ from torch import Tensor
 
 from attnlab.attention.kernels import dropout
 
+# HNAS computes its UNAS weights from the DNAS ones (one exponential per score, csrc/fold.h)
+# while the column log-sum-exps c_j of the valid keys of a head span at most this (kFoldRange
+# there); wider spans take separate exponentials.
+FOLD_RANGE = 60.0
+
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
-HEADERS = (SOURCE.with_name("rows.h"),)
+HEADERS = (SOURCE.with_name("rows.h"), SOURCE.with_name("fold.h"))
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.

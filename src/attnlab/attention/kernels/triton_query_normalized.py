@@ -1,41 +1,66 @@
-"""DNAS / HNAS on CUDA: the Triton kernels of `_triton_kernels.py` and their autograd wrapper.
+"""DNAS / HNAS on CUDA: the Triton kernels of `_triton_kernels.py`, registered as torch ops.
 
 `triton` is imported on first use only, so CPU-only installs (and macOS, where it is not
-installed) still import attnlab; `available()` says whether this path can run. Under
-`TRITON_INTERPRET=1` (set before the first use) the same kernels run on CPU tensors, which is
-how the tests check them on machines without a GPU.
+installed) still import attnlab; `available()` says whether this path can run.
 
-Inputs may be bf16, fp16 or fp32 (the dot products take them as they are, accumulating in fp32;
-every normalization is float32); the output has the input dtype. Memory beyond the inputs and
-outputs is O(S) per head: c, dc, the row LSEs and row sums, and for HNAS the two branch outputs.
+- **Compiled or interpreted, by device.** CUDA tensors run the compiled, autotuned kernels
+  (`_triton_configs.py`). CPU tensors run the same kernel source under Triton's interpreter
+  (`_kernel`): that is how the tests check the kernels without a GPU, and no `TRITON_INTERPRET`
+  variable is needed for it (when it is set before triton's import, Triton interprets
+  everything, CUDA tensors included). `LAUNCHES` counts the launches of each kind,
+  which is how the GPU tests prove the compiled kernels ran.
+- **Head dims up to `MAX_HEAD_DIM` (256)**, for d and d_v. Larger ones (e.g. VQA's fusion over
+  2,048-d detector features) would need tiles past the registers and shared memory: the path
+  declines (returns None, logged once), so the scheme's next path, else its reference, runs.
+- **fp32 and TF32.** bf16 / fp16 inputs use tensor cores as they are. fp32 inputs follow torch's
+  own matmul policy, read at every call: TF32 dot products iff
+  `torch.backends.cuda.matmul.allow_tf32` (set by `torch.set_float32_matmul_precision("high")`
+  or "medium"; off by default), else full-precision ("ieee") dot products. Normalizations are
+  float32 always.
+- **torch.compile.** The forward and the backward are `torch.library.custom_op`s
+  (`attnlab::triton_query_normalized_forward` / `_backward`, in `triton_ops.py`) with fake
+  (shape) implementations and a registered autograd formula, so a compiled model traces
+  through them without graph breaks; the dropout seed enters as a CPU int64 tensor (drawn with
+  `torch.randint`, no `.item()` in the traced code). Double backward raises one clear error.
+
+Inputs may be bf16, fp16 or fp32 (dot products accumulate in fp32); the output has the input
+dtype. Memory beyond the inputs and outputs is O(S) per head: c, dc, the row LSEs and row sums,
+and for HNAS the two branch outputs.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import importlib.util
-import os
+import logging
 
 import torch
 from torch import Tensor
 
 from attnlab.attention.kernels import dropout
 
+log = logging.getLogger(__name__)
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+MAX_HEAD_DIM = 256
+# Tile size under the interpreter, where each tile operation costs ~1 ms of Python whatever its
+# size: few, large tiles are fast (tests lower it to cover the loops over several blocks).
+INTERPRET_BLOCK = 64
+# Launches per kind ("compiled", "interpreted"): the GPU tests check which kernels ran.
+LAUNCHES: collections.Counter = collections.Counter()
+
+# a module constant, not a cached call: torch.compile traces `available` without a graph break
+_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
-@functools.cache
 def installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _INSTALLED
 
 
 def available(device_type: str) -> bool:
-    """True where the kernels can run: CUDA with triton installed (or CPU under the interpreter)."""
-    if not installed():
-        return False
-    return device_type == "cuda" or (device_type == "cpu" and interpreting())
+    """True where the kernels can run: triton installed, CUDA (compiled) or CPU (interpreted)."""
+    return _INSTALLED and device_type in ("cuda", "cpu")
 
 
 @functools.cache
@@ -45,30 +70,80 @@ def _kernels():
     return _triton_kernels
 
 
-# Tile size under the interpreter, where each tile operation costs ~1 ms of Python whatever its
-# size: few, large tiles are fast (tests lower it to cover the loops over several blocks).
-INTERPRET_BLOCK = 64
+@functools.cache
+def _interpreted(fn):
+    """Triton's interpreter on the Python function `fn` of a kernel or device function."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(fn)
 
 
-def _blocks(d: int, d_v: int, kernel: str) -> dict:
-    """Tile sizes per kernel: BLOCK_M query rows, BLOCK_N key rows; the program owns the
-    first-named side of its kernel and loops over the other. On the GPU these are untuned
-    (the Triton tutorial's shapes; the backward loops over 32 rows at a time, its programs
-    holding three (64 x d) accumulators): not measured, no GPU was available."""
-    block_d = max(16, 1 << (d - 1).bit_length())
-    block_dv = max(16, 1 << (d_v - 1).bit_length())
-    dims = {"BLOCK_D": block_d, "BLOCK_DV": block_dv}
-    if interpreting():
-        return {"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK, **dims}
-    inner = 32 if kernel != "forward" or max(block_d, block_dv) > 64 else 64
-    tiles = {"column": (64, 64), "forward": (64, inner), "backward_kv": (inner, 64),
-             "backward_q": (64, inner)}[kernel]
-    return {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1], **dims, "num_warps": 4, "num_stages": 2}
+@contextlib.contextmanager
+def _device_functions_interpreted():
+    """While an interpreted kernel runs, @triton.jit device functions (ours, and triton's own
+    `tl.sum`, `tl.cdiv`, ...: compiled ones unless TRITON_INTERPRET was set when triton was
+    imported) are called through the interpreter too; restored afterwards, so that compiled
+    launches in the same process are untouched."""
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted(self.fn)(*args, **kwargs)
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
 
 
-def _flags(q: Tensor) -> dict:
-    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    return {"CAST": interpreting() and q.dtype == torch.bfloat16, "PRECISION": precision}
+def _kernel(name: str, on_cpu: bool):
+    """(launchable kernel, interpreted?): the autotuned compiled kernel for CUDA tensors, the
+    interpreter on its source for CPU ones (or everywhere under TRITON_INTERPRET=1)."""
+    kern = getattr(_kernels(), name)
+    if _kernels().INTERPRETED:
+        return kern, True
+    if not on_cpu:
+        return kern, False
+    jit = getattr(kern, "fn", kern)  # an Autotuner wraps the JITFunction
+    return _interpreted(jit.fn), True
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _bucket(n: int) -> int:
+    """The autotuning key of a length: the next power of two (new lengths do not re-tune)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _launch(name: str, device: torch.device, owned_rows: int, heads: int, *args, **meta) -> None:
+    """Launch kernel `name` over `heads` x blocks of `owned_rows` rows on a 1-D grid."""
+    kernel, interpreted = _kernel(name, device.type == "cpu")
+    owned = "BLOCK_N" if name in ("column_lse", "backward_kv") else "BLOCK_M"
+
+    def grid(config):
+        return (heads * _cdiv(owned_rows, config[owned]),)
+
+    if interpreted:
+        with _device_functions_interpreted():
+            kernel[grid](*args, BLOCK_M=INTERPRET_BLOCK, BLOCK_N=INTERPRET_BLOCK, **meta)
+    else:
+        kernel[grid](*args, **meta)
+    LAUNCHES["interpreted" if interpreted else "compiled"] += 1
+
+
+def _meta(q: Tensor, d: int, d_v: int, m: int, n: int) -> dict:
+    """Compile-time arguments shared by every kernel of one call."""
+    interpreted = q.device.type == "cpu" or _kernels().INTERPRETED
+    # fp32: torch's policy; bf16 / fp16: Triton's default ("tf32": ignored for them, the form
+    # every half-precision Triton kernel compiles with)
+    ieee = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    return {
+        "BLOCK_D": max(16, 1 << (d - 1).bit_length()),
+        "BLOCK_DV": max(16, 1 << (d_v - 1).bit_length()),
+        "CAST": interpreted and q.dtype == torch.bfloat16,  # no bf16 arithmetic there
+        "PRECISION": "ieee" if ieee else "tf32",
+        "TUNE_M": _bucket(m), "TUNE_N": _bucket(n),
+    }
 
 
 def _strides(*tensors: Tensor) -> list[int]:
@@ -84,15 +159,11 @@ def _masks(key_padding_mask, query_padding_mask, dummy):
 
 
 def _dropout_args(dropout_p, seed, keep_mask, dummy):
-    seed_lo, seed_hi = dropout.seed_halves(seed or 0)
+    seed_lo, seed_hi = dropout.seed_halves(0 if seed is None else int(seed))
     keep = dummy if keep_mask is None else keep_mask.contiguous().view(torch.uint8)
     args = {"seed_lo": seed_lo, "seed_hi": seed_hi, "threshold": dropout.threshold(dropout_p),
             "inv_keep": 1.0 / (1.0 - dropout_p)}
     return keep, args, {"DROPOUT": dropout_p > 0.0, "HAS_KEEP": keep_mask is not None}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -> Tensor:
@@ -100,68 +171,67 @@ def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -
     B, H, M, D = q.shape
     N = k.shape[2]
     c = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
-    dummy = c
-    _, qpm, flags = _masks(None, query_padding_mask, dummy)
-    cfg = _blocks(D, D, "column")
-    grid = (_cdiv(N, cfg["BLOCK_N"]), B * H)
-    _kernels()._column_lse[grid](
-        q, k, qpm, c, *_strides(q, k), H, M, N, D, D**-0.5, HAS_QPM=flags["HAS_QPM"],
-        **_flags(q), **cfg,
-    )
+    _, qpm, flags = _masks(None, query_padding_mask, c)
+    meta = _meta(q, D, D, M, N)
+    meta.pop("BLOCK_DV")
+    _launch("column_lse", q.device, N, B * H, q, k, qpm, c, *_strides(q, k), H, M, N, D,
+            D**-0.5, HAS_QPM=flags["HAS_QPM"], **meta)
     return c
 
 
-def _forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, seed, keep_mask):
+def new_output(q: Tensor, d_v: int) -> Tensor:
+    """(B, H, S_q, d_v) in (B, S_q, H, d_v) memory: merging the heads afterwards is a view."""
+    B, H, M, _ = q.shape
+    return torch.empty(B, M, H, d_v, device=q.device, dtype=q.dtype).transpose(1, 2)
+
+
+def forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, seed, keep_mask):
+    """(out, c, lse_d, lse_u, o_d, o_u); the last three are empty for DNAS (u_bh None)."""
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     hybrid = u_bh is not None
     c = column_lse(q, k, query_padding_mask)
-    # (B, S_q, H, d_v) memory seen as (B, H, S_q, d_v): merging the heads afterwards is a view
-    out = torch.empty(B, M, H, DV, device=q.device, dtype=q.dtype).transpose(1, 2)
+    out = new_output(q, DV)
     f32 = {"device": q.device, "dtype": torch.float32}
     lse_d = torch.empty(B, H, M, **f32)
-    lse_u = torch.empty(B, H, M, **f32) if hybrid else lse_d
-    o_d = torch.empty(B, H, M, DV, **f32) if hybrid else lse_d
-    o_u = torch.empty(B, H, M, DV, **f32) if hybrid else lse_d
+    lse_u, o_d, o_u = ((torch.empty(B, H, M, **f32), torch.empty(B, H, M, DV, **f32),
+                        torch.empty(B, H, M, DV, **f32)) if hybrid
+                       else tuple(torch.empty(0, **f32) for _ in range(3)))
     kpm, qpm, mask_flags = _masks(key_padding_mask, query_padding_mask, c)
     keep, drop_args, drop_flags = _dropout_args(dropout_p, seed, keep_mask, c)
-    cfg = _blocks(D, DV, "forward")
-    grid = (_cdiv(M, cfg["BLOCK_M"]), B * H)
-    _kernels()._forward[grid](
-        q, k, v, c, c if u_bh is None else u_bh, kpm, qpm, keep, out, o_d, o_u, lse_d, lse_u,
-        *_strides(q, k, v, out), H, M, N, D, DV, D**-0.5, **drop_args, HYBRID=hybrid,
-        **mask_flags, **drop_flags, **_flags(q), **cfg,
-    )
-    return out, c, lse_d, (lse_u, o_d, o_u) if hybrid else None
+    _launch("forward", q.device, M, B * H,
+            q, k, v, c, u_bh if hybrid else c, kpm, qpm, keep, out,
+            o_d if hybrid else c, o_u if hybrid else c, lse_d, lse_u if hybrid else lse_d,
+            *_strides(q, k, v, out), H, M, N, D, DV, D**-0.5, **drop_args, HYBRID=hybrid,
+            **mask_flags, **drop_flags, **_meta(q, D, DV, M, N))
+    return out, c, lse_d, lse_u, o_d, o_u
 
 
-def _backward(grad, q, k, v, u_bh, c, lse_d, delta_d, hybrid_state, key_padding_mask,
-              query_padding_mask, dropout_p, seed, keep_mask):
+def backward(grad, q, k, v, u_bh, c, lse_d, delta_d, lse_u, delta_u, key_padding_mask,
+             query_padding_mask, dropout_p, seed, keep_mask):
+    """(dq, dk, dv); lse_u / delta_u are used for HNAS only (u_bh given)."""
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
-    lse_u, delta_u = hybrid_state if hybrid_state is not None else (lse_d, delta_d)
+    hybrid = u_bh is not None
+    if not hybrid:
+        lse_u, delta_u = lse_d, delta_d
     dq = torch.empty(B, H, M, D, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, H, N, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, H, N, DV, device=q.device, dtype=v.dtype)
     dc = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
     kpm, qpm, mask_flags = _masks(key_padding_mask, query_padding_mask, c)
     keep, drop_args, drop_flags = _dropout_args(dropout_p, seed, keep_mask, c)
-    common = dict(H=H, M=M, N=N, D=D, DV=DV, scale=D**-0.5, **drop_args,
-                  HYBRID=hybrid_state is not None, **mask_flags, **drop_flags, **_flags(q))
-    u = c if u_bh is None else u_bh
-    kern = _kernels()
+    common = dict(H=H, M=M, N=N, D=D, DV=DV, scale=D**-0.5, **drop_args, HYBRID=hybrid,
+                  **mask_flags, **drop_flags, **_meta(q, D, DV, M, N))
+    u = u_bh if hybrid else c
     # keys: dK, dV and dc, each program owning its keys (no atomics)
-    kv_cfg = _blocks(D, DV, "backward_kv")
-    kern._backward_kv[(_cdiv(N, kv_cfg["BLOCK_N"]), B * H)](
-        q, k, v, grad, c, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv, dc,
-        *_strides(q, k, v, grad), **common, **kv_cfg,
-    )
+    _launch("backward_kv", q.device, N, B * H,
+            q, k, v, grad, c, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv, dc,
+            *_strides(q, k, v, grad), **common)
     # queries: dQ, which needs every dc_j
-    cfg = _blocks(D, DV, "backward_q")
-    kern._backward_q[(_cdiv(M, cfg["BLOCK_M"]), B * H)](
-        q, k, v, grad, c, dc, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
-        *_strides(q, k, v, grad), **common, **cfg,
-    )
+    _launch("backward_q", q.device, M, B * H,
+            q, k, v, grad, c, dc, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
+            *_strides(q, k, v, grad), **common)
     return dq, dk, dv
 
 
@@ -169,68 +239,18 @@ def _last_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-class _TritonQueryNormalized(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask, dropout_p, seed, keep_mask):
-        q, k, v = (_last_contiguous(t) for t in (q, k, v))
-        u_bh = None
-        if u is not None:
-            u_bh = u.detach().float().expand(q.shape[0], q.shape[1], 1, 1)
-            u_bh = u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
-        out, c, lse_d, hybrid = _forward(q, k, v, u_bh, key_padding_mask, query_padding_mask,
-                                         dropout_p, seed, keep_mask)
-        # DNAS: D_i = g_i . out_i from its output; HNAS: from each branch's (dropped) output
-        branches = (out,) if hybrid is None else hybrid
-        ctx.save_for_backward(q, k, v, u_bh, c, lse_d, key_padding_mask, query_padding_mask,
-                              keep_mask, *branches)
-        ctx.options = (dropout_p, seed, None if u is None else u.shape)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, u_bh, c, lse_d, kpm, qpm, keep_mask, *branches = ctx.saved_tensors
-        dropout_p, seed, u_shape = ctx.options
-        grad = _last_contiguous(grad.to(q.dtype))
-        g32 = grad.float()
-        grad_u = hybrid_state = None
-        if u_shape is None:
-            delta_d = (g32 * branches[0].float()).sum(-1)
-        else:
-            lse_u, o_d, o_u = branches
-            delta_d, delta_u = (g32 * o_d).sum(-1), (g32 * o_u).sum(-1).contiguous()
-            hybrid_state = (lse_u, delta_u)
-            if ctx.needs_input_grad[3]:  # d out / du = out_dnas - out_unas (both dropped)
-                grad_u = (delta_d - delta_u).sum(-1)[..., None, None].sum_to_size(u_shape)
-        dq, dk, dv = _backward(grad, q, k, v, u_bh, c, lse_d, delta_d.contiguous(), hybrid_state,
-                               kpm, qpm, dropout_p, seed, keep_mask)
-        return dq, dk, dv, grad_u, None, None, None, None, None
+def declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why the kernels do not take these shapes (None: they do)."""
+    B, H, M, d = q.shape
+    N, d_v = k.shape[2], v.shape[3]
+    if max(d, d_v) > MAX_HEAD_DIM:
+        return (f"head dims d={d}, d_v={d_v} exceed the Triton DNAS/HNAS kernels' limit of "
+                f"{MAX_HEAD_DIM}")
+    if B * H * max(M, N, 1) >= 2**31:  # 1-D grids and int32 row offsets
+        return f"B*H*S = {B * H * max(M, N)} exceeds the Triton kernels' 2**31 rows"
+    return None
 
 
-def query_normalized_attend_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    u: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    query_padding_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    keep_mask: Tensor | None = None,
-    seed: int | None = None,
-) -> Tensor:
-    """DNAS (u None) or HNAS output (B, H, S_q, d_v) in q's dtype, from the Triton kernels.
-
-    dropout_p > 0 drops the mixed weights with the counter-based mask of `seed` (drawn from
-    torch's generator when None), or with `keep_mask` (bool (B, H, S_q, S_k), True = kept; a
-    test hook) when given.
-    """
-    if not available(q.device.type):
-        raise RuntimeError(
-            "the Triton DNAS/HNAS kernels need a CUDA tensor and `pip install triton` (Linux), "
-            "or TRITON_INTERPRET=1 set before their first use to run them on the CPU"
-        )
-    dropout_p = float(dropout_p)
-    if dropout_p > 0.0 and keep_mask is None and seed is None:
-        seed = dropout.draw_seed()
-    keep_mask = keep_mask if dropout_p > 0.0 else None
-    return _TritonQueryNormalized.apply(q, k, v, u, key_padding_mask, query_padding_mask,
-                                        dropout_p, seed, keep_mask)
+@functools.cache
+def log_decline(reason: str) -> None:
+    log.warning("%s: running the scheme's next path (the reference on CUDA) instead", reason)

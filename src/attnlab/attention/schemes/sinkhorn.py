@@ -1,6 +1,7 @@
 """Sinkhorn attention: `n_iter` alternating normalizations, over queries first (seed paper,
 Sec. 3.2). `n_iter=1` is DNAS (and runs on DNAS's kernels); it converges to a doubly stochastic
-matrix. More iterations run on the materialized reference."""
+matrix. More iterations run on FlexAttention on CUDA (2 n_iter passes, never S x S), elsewhere
+on the materialized reference."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class Sinkhorn(Normalizer):
     name = "sinkhorn"
     over_queries = True
     Options = SinkhornOptions
-    # one iteration is DNAS: DNAS's kernels serve it
-    fast_paths = tuple(p.when(lambda n: n.options.n_iter == 1) for p in paths.QUERY_NORMALIZED_PATHS)
+    # one iteration is DNAS: DNAS's kernels serve it; FlexAttention serves any
+    fast_paths = paths.SINKHORN_PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
         return sinkhorn_log_weights(logits, self.options.n_iter).exp()

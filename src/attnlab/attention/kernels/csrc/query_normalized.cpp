@@ -25,6 +25,9 @@
 // sum_i Pd_ij dP~_ij = v_j . dv_j (dropout included, since dv is built from W~).
 // Block matrix products: forward 3 (column pass, s, W v); backward DNAS 6 (s, Pd^T g; s, g v^T,
 // ds k, ds^T q), HNAS 7 (pass 1 needs g v^T too), UNAS 5. Standard flash attention: 2 + 5.
+// Exponentials per score: DNAS and HNAS 2 + 2 (column pass and rows; one per backward pass):
+// HNAS gets Pu from Pd by a rank-one factor (fold.h) and mixes W before its one W v product.
+// Flash: 1 + 1. (HNAS falls back to separate Pu exponentials when the c_j span > 60, fold.h.)
 //
 // Work runs in blocks of `rows` queries (or keys) against every key (or query): one block of
 // scores fits in the L2 cache, and row statistics are exact (no online rescaling). Threads
@@ -38,7 +41,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "rows.h"
+#include "fold.h"
 
 namespace {
 
@@ -79,6 +82,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     std::vector<T> X(rows * N), E(hybrid ? rows * N : 0);
     std::vector<T> colbuf(column ? block_rows(M, N, sizeof(T)) * M : 0);
     std::vector<T> kbias(N), qbias(M), cbias(N), row_scale(rows), keep(drop.active() ? N : 0);
+    std::vector<T> bfac(hybrid ? N : 0);  // fold.h: Pu = Pd a_i b_j
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       padding_bias<T>(kpm, b, N, kbias.data());
@@ -95,6 +99,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         std::fill(cs, cs + N, T(0));  // UNAS: the DNAS code with c = 0
       }
       for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
+      T cmax = 0;
+      const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
 
       for (int64_t i0 = 0; i0 < M; i0 += rows) {
         const int64_t nb = std::min(rows, M - i0);
@@ -104,7 +110,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           T* x = X.data() + r * N;
           row_scale[r] = T(1);
           T mu, md;
-          if (hybrid) {
+          if (hybrid && !fold) {
             add_bias_two_max(x, kbias.data(), cs, N, mu, md);
           } else {
             md = mu = add_bias_max(x, cbias.data(), N, column ? T(0) : T(kInf));
@@ -115,7 +121,13 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             if (hybrid) rus[i] = T(kInf);
             continue;
           }
-          if (hybrid) {
+          if (fold) {  // one exp per score: Pu from Pd (fold.h)
+            T lu, ld;
+            exp_sum_dot<T>(x, md, bfac.data(), N, ld, lu);
+            mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
+            rus[i] = md + cmax + std::log(lu);
+            rds[i] = md + std::log(ld);
+          } else if (hybrid) {
             T lu, ld;
             two_exp_sum<T>(x, cs, mu, md, E.data() + r * N, N, lu, ld);
             axpby<T>(uu / ld, x, (T(1) - uu) / lu, E.data() + r * N, N);
@@ -165,7 +177,7 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     // X: scores, then Pd and W (pass 1); E: Pu (pass 1); D: dP, then ds
     std::vector<T> X(rows * N), E(hybrid ? rows * N : 0), D(rows * N), keep(drop.active() ? N : 0);
-    std::vector<T> kbias(N), cbias(N), dldc(N), Dd(M), Du(hybrid ? M : 0);
+    std::vector<T> kbias(N), cbias(N), dldc(N), Dd(M), Du(hybrid ? M : 0), bfac(hybrid ? N : 0);
     T* keep_row = drop.active() ? keep.data() : nullptr;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
@@ -177,6 +189,8 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
       const T uu = hybrid ? u_all[bh] : T(1);
       padding_bias<T>(kpm, b, N, kbias.data());
       for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
+      T cmax = 0;  // the forward's choice, from the same c and padding
+      const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
       std::fill(dldc.begin(), dldc.end(), T(0));
       for (int64_t i = 0; !hybrid && i < M; ++i)
         Dd[i] = dot(gs + i * G.row, O->at(b, h) + i * O->row, dvs);
@@ -198,9 +212,17 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
             T* pu = E.data() + r * N;
             T* dp = D.data() + r * N;
             if (keep_row) mul_row<T>(dp, keep_row, N);
-            const auto [dd, du_i] = hnas_pass1_row<T>(x, pu, dp, kbias.data(), cbias.data(),
-                                                      rds[i], rus[i], uu, dldc.data(), N);
-            hnas_pass1_finish<T>(x, pu, dd, uu, dldc.data(), N);
+            const T a = fold ? fold_row_factor(cmax, rds[i], rus[i]) : T(0);
+            const auto [dd, du_i] =
+                fold ? fold_pass1_row<T>(x, dp, cbias.data(), bfac.data(), rds[i], a, uu,
+                                         dldc.data(), N)
+                     : hnas_pass1_row<T>(x, pu, dp, kbias.data(), cbias.data(), rds[i], rus[i],
+                                         uu, dldc.data(), N);
+            if (fold) {
+              fold_pass1_finish<T>(x, bfac.data(), dd, uu, a, dldc.data(), N);
+            } else {
+              hnas_pass1_finish<T>(x, pu, dd, uu, dldc.data(), N);
+            }
             Dd[i] = dd;
             Du[i] = du_i;
             du_acc += dd - du_i;
@@ -237,6 +259,11 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
           }
           if (keep_row) mul_row<T>(dp, keep_row, N);
           const T e = std::isinf(rds[i]) ? T(0) : std::exp(rds[i]);  // rd <= log N: no overflow
+          if (fold) {
+            fold_score_grad_row<T>(x, dp, cbias.data(), bfac.data(), rds[i], Dd[i], Du[i], uu,
+                                   fold_row_factor(cmax, rds[i], rus[i]), e, dldc.data(), N);
+            continue;
+          }
           score_grad_row<T>(x, dp, hybrid ? kbias.data() : nullptr, cbias.data(), rds[i],
                             hybrid ? rus[i] : T(0), Dd[i], hybrid ? Du[i] : T(0), uu, e,
                             dldc.data(), N);

@@ -1,0 +1,146 @@
+// HNAS with one exponential per score (query_normalized.cpp): the UNAS weights are the DNAS
+// weights times a rank-one factor, so they cost a multiply instead of an exponential.
+//
+// With b_j = exp(c_j - cmax) (cmax = the largest c_j over valid keys), the DNAS exponential
+// ed_ij = exp(s_ij - c_j - md_i) gives the UNAS one as ed_ij b_j = exp(s_ij - md_i - cmax):
+//
+//   Pd_ij = ed_ij / ld_i,  Pu_ij = ed_ij b_j / lu_i = Pd_ij a_i b_j,  a_i = ld_i / lu_i
+//   rd_i = md_i + log ld_i,  ru_i = md_i + cmax + log lu_i,  a_i = exp(cmax + rd_i - ru_i)
+//
+// so the mixed weights are W_ij = Pd_ij (u + (1 - u) a_i b_j), and the backward recovers Pu from
+// Pd the same way. Safe while the c_j of valid keys span at most kFoldRange: then b_j >= e^-60,
+// every UNAS term that matters (Pu_ij > e^-60 of its row's mass) comes from a normal ed_ij
+// (the row's largest DNAS term is ed = 1, so lu_i >= e^-60), and a_i <= N e^60 stays finite.
+// Wider ranges (scores of hundreds) keep the two-exponential sweeps of rows.h.
+#pragma once
+
+#include "rows.h"
+
+namespace {
+
+constexpr double kFoldRange = 60.0;
+
+// b_j = exp(c_j - cmax) on valid keys (0 on padded ones) and cmax, or false (fold unsafe, or
+// no valid key: every row is empty then).
+template <typename T>
+bool fold_factors(const T* c, const T* kbias, int64_t n, T* b, T& cmax) {
+  T lo = T(kInf), hi = -T(kInf);
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isinf(kbias[j])) continue;
+    lo = std::min(lo, c[j]);
+    hi = std::max(hi, c[j]);
+  }
+  if (!(hi >= lo && hi - lo <= T(kFoldRange))) return false;
+  cmax = hi;
+  for (int64_t j = 0; j < n; ++j) b[j] = std::isinf(kbias[j]) ? T(0) : std::exp(c[j] - hi);
+  return true;
+}
+
+// a_i = exp(cmax + rd_i - ru_i) = Pu_ij / (Pd_ij b_j); 0 on empty rows (rd = ru = +inf).
+template <typename T>
+T fold_row_factor(T cmax, T rd, T ru) {
+  return std::isinf(rd) ? T(0) : std::exp(cmax + rd - ru);
+}
+
+// Forward: x_j <- ed_j = exp(x_j - m); ld = sum_j ed_j, lu = sum_j ed_j b_j.
+template <typename T>
+void exp_sum_dot(T* x, T m, const T* b, int64_t n, T& ld, T& lu) {
+  using V = Vectorized<T>;
+  V sd(T(0)), su(T(0));
+  const V vm(m);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V e = vexp(V::loadu(x + j) - vm);
+    e.store(x + j);
+    sd = sd + e;
+    su = at::vec::fmadd(e, V::loadu(b + j), su);
+  }
+  ld = hsum(sd);
+  lu = hsum(su);
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] - m);
+    ld += x[j];
+    lu += x[j] * b[j];
+  }
+}
+
+// x_j <- x_j (alpha + beta b_j): from ed to the mixed weights (alpha = u / ld,
+// beta = (1 - u) / lu), or from Pd to W (alpha = u, beta = (1 - u) a).
+template <typename T>
+void mix_row(T* x, const T* b, T alpha, T beta, int64_t n) {
+  using V = Vectorized<T>;
+  const V va(alpha), vb(beta);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size())
+    (V::loadu(x + j) * at::vec::fmadd(vb, V::loadu(b + j), va)).store(x + j);
+  for (; j < n; ++j) x[j] *= alpha + beta * b[j];
+}
+
+// Backward pass 1: x_j <- Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = Pd_j a b_j (not stored),
+// acc_j += u Pd_j dP_j; returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j).
+template <typename T>
+std::pair<T, T> fold_pass1_row(T* x, const T* dp, const T* cb, const T* b, T rd, T a, T u,
+                               T* acc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vrd(rd), vu(u);
+  V sd(T(0)), sb(T(0));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V g = V::loadu(dp + j);
+    const V pd = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
+    pd.store(x + j);
+    const V pg = pd * g;
+    sd = sd + pg;
+    sb = at::vec::fmadd(pg, V::loadu(b + j), sb);
+    at::vec::fmadd(vu, pg, V::loadu(acc + j)).store(acc + j);
+  }
+  T dd = hsum(sd), du = hsum(sb);
+  for (; j < n; ++j) {
+    x[j] = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
+    const T pg = x[j] * dp[j];
+    dd += pg;
+    du += pg * b[j];
+    acc[j] += u * pg;
+  }
+  return {dd, a * du};
+}
+
+// Backward pass 1, second sweep: acc_j -= u Dd Pd_j, x_j <- W_j = Pd_j (u + (1 - u) a b_j).
+template <typename T>
+void fold_pass1_finish(T* x, const T* b, T dd, T u, T a, T* acc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vud(u * dd), vu(u), vua((T(1) - u) * a);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V pd = V::loadu(x + j);
+    (V::loadu(acc + j) - vud * pd).store(acc + j);
+    (pd * at::vec::fmadd(vua, V::loadu(b + j), vu)).store(x + j);
+  }
+  for (; j < n; ++j) {
+    acc[j] -= u * dd * x[j];
+    x[j] *= u + (T(1) - u) * a * b[j];
+  }
+}
+
+// Backward pass 2: the full HNAS score gradient in place of dp (= dP_j on entry), one exp:
+//   ds_j = Pd_j (u (dP_j - Dd) + e dLdc_j + (1 - u) a b_j (dP_j - Du)).
+template <typename T>
+void fold_score_grad_row(const T* x, T* dp, const T* cb, const T* b, T rd, T dd, T du, T u,
+                         T a, T e, const T* dldc, int64_t n) {
+  using V = Vectorized<T>;
+  const V vrd(rd), vdd(dd), vdu(du), vu(u), vua((T(1) - u) * a), ve(e);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V g = V::loadu(dp + j);
+    const V pd = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
+    V t = at::vec::fmadd(ve, V::loadu(dldc + j), vu * (g - vdd));
+    t = at::vec::fmadd(vua * V::loadu(b + j), g - vdu, t);
+    (pd * t).store(dp + j);
+  }
+  for (; j < n; ++j) {
+    const T pd = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
+    dp[j] = pd * (u * (dp[j] - dd) + e * dldc[j] + (T(1) - u) * a * b[j] * (dp[j] - du));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,322 @@
+"""The FlexAttention paths (kernels/flex.py) and the CUDA dispatcher between Triton and Flex
+(paths.py): forward against the float64 reference on the CPU (eager FlexAttention: forward only),
+padding with fully padded rows, sliding-window and document masks, the padding BlockMask against
+FlexAttention's own builder, which path serves which call, the measured choice table; on a GPU
+(`gpu` marker, skipped without CUDA) compiled forward and backward against the reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers.kernel_cases import leaf, out_and_grads, padded_problem, reference_out
+
+from attnlab.attention import attend, paths
+from attnlab.attention.functional import normalizer, route
+from attnlab.attention.kernels import flex, triton_ops, triton_query_normalized
+from attnlab.attention.reference import masked_logits
+from attnlab.errors import ConfigError
+
+F32, BF16 = torch.float32, torch.bfloat16
+SCHEMES = [("dnas", 1), ("hnas", 1), ("sinkhorn", 3)]
+SHAPES = [(6, 5, 8, None), (130, 200, 16, 8), (1, 1, 8, None)]
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: faster on a shared machine
+no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _flex_out(q, k, v, scheme, kpm, qpm, u, n_iter, **kw):
+    u = u if scheme == "hnas" else None
+    return flex.query_normalized_attend_flex(q, k, v, u, kpm, qpm, n_iter=n_iter, **kw)
+
+
+@pytest.mark.parametrize(("scheme", "n_iter"), SCHEMES)
+@pytest.mark.parametrize(("S_q", "S_k", "d", "d_v"), SHAPES)
+def test_flex_forward_matches_the_reference(scheme, n_iter, S_q, S_k, d, d_v):
+    """Items of padded_problem: partial key and query padding, none, every key padded, every
+    query padded; H = 2 heads with their own u; lengths across FlexAttention's 128-blocks."""
+    q, k, v, _, kpm, qpm = padded_problem(S_q, S_k, d, d_v=d_v, H=2, seed=S_q + S_k)
+    u = torch.tensor([0.2, 0.9]).view(1, 2, 1, 1)
+    out = _flex_out(q, k, v, scheme, kpm, qpm, u, n_iter)
+    ref = reference_out(q, k, v, scheme, kpm, qpm, u, n_iter=n_iter)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
+    assert out.dtype == F32 and torch.isfinite(out).all()
+    # padded queries and queries without a key give exact zeros, as the reference does
+    assert (out[2] == 0).all() and (out[3] == 0).all() and (out[0][:, qpm[0]] == 0).all()
+
+
+def test_flex_without_masks_matches_the_reference():
+    q, k, v, u, _, _ = padded_problem(70, 90, 16, B=2, seed=4)
+    for scheme, n_iter in SCHEMES:
+        out = _flex_out(q, k, v, scheme, None, None, u, n_iter)
+        ref = reference_out(q, k, v, scheme, None, None, u, n_iter=n_iter)
+        torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
+
+
+def _masked_reference(q, k, v, scheme, kpm, qpm, u, n_iter, keep):
+    """The scheme's reference weights on logits that are also -inf where `keep` (B, S_q, S_k)
+    is False, in float64."""
+    q, k, v = (t.double() for t in (q, k, v))
+    logits = masked_logits(q, k, kpm, qpm).masked_fill(~keep[:, None], float("-inf"))
+    norm, inputs = normalizer(scheme, n_iter=n_iter, u=u.double() if scheme == "hnas" else None)
+    return norm.weights(logits, **inputs) @ v
+
+
+@pytest.mark.parametrize(("scheme", "n_iter", "mask"), [("dnas", 1, "window"), ("hnas", 1, "document"),
+                                                     ("sinkhorn", 3, "document")])
+def test_sliding_window_and_document_masks_match_the_reference(scheme, n_iter, mask):
+    """A mask_mod and-ed with the padding (HNAS's UNAS half shares DNAS's row mask)."""
+    S = 140
+    q, k, v, u, kpm, qpm = padded_problem(S, S, 16, H=2, seed=5)
+    if mask == "window":
+        pos = torch.arange(S)
+        keep = ((pos[:, None] - pos[None, :]).abs() <= 20).expand(4, S, S)
+        mask_mod = flex.sliding_window(20)
+    else:
+        doc_ids = torch.cumsum(torch.rand(4, S, generator=torch.Generator().manual_seed(6)) < 0.05, 1)
+        keep = doc_ids[:, :, None] == doc_ids[:, None, :]
+        mask_mod = flex.document(doc_ids)
+    out = _flex_out(q, k, v, scheme, kpm, qpm, u, n_iter, mask_mod=mask_mod)
+    ref = _masked_reference(q, k, v, scheme, kpm, qpm, u, n_iter, keep)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("n_rows", "n_cols"), [(300, 130), (128, 256), (5, 7)])
+def test_padding_block_mask_equals_flex_attentions_own(n_rows, n_cols):
+    """The block-level construction (never S_q x S_k) gives FlexAttention's dense-built mask:
+    the same partial and full blocks, and the same kept pairs."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _, _, _, _, kpm, qpm = padded_problem(n_rows, n_cols, 4, seed=7)
+    qpm[1, : n_rows // 2] = True  # a run of padded queries: whole empty blocks
+    ours = flex.block_masks(4, n_rows, n_cols, "cpu", kpm, qpm).rows
+
+    def padding(b, h, i, j):
+        return ~qpm[b, i] & ~kpm[b, j]
+
+    theirs = create_block_mask(padding, 4, None, n_rows, n_cols, device="cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+
+
+def test_every_pass_compiles_to_one_graph(monkeypatch):
+    """All 2k + 1 calls of HNAS / Sinkhorn share one form (score_mod, block mask, LSE): one
+    torch.compile graph for a shape, none more on the next call with new values, so varying
+    lengths stay far from the recompilation limit. (Traced by Dynamo on the CPU with the
+    aot_eager backend: compiled CPU FlexAttention has no LSE.)"""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, backend="aot_eager")
+    monkeypatch.setattr(flex, "_flex", compiled)
+    before = counters["frames"]["ok"]
+    for seed in (1, 2):
+        q, k, v, u, kpm, qpm = padded_problem(40, 40, 16, H=2, seed=seed)
+        for scheme, n_iter in SCHEMES:
+            out = _flex_out(q, k, v, scheme, kpm, qpm, u, n_iter)
+            torch.testing.assert_close(out.double(), reference_out(q, k, v, scheme, kpm, qpm, u,
+                                                                   n_iter=n_iter),
+                                       atol=2e-6, rtol=0)
+    assert counters["frames"]["ok"] - before == 1
+
+
+# ----------------------------------------------------------------------------- the dispatcher
+@pytest.fixture
+def as_cuda(monkeypatch):
+    """CPU tensors routed as CUDA ones, Triton 'available'; records which kernel ran (Triton's
+    stand-in returns zeros: it only has to be chosen here, test_triton_kernels checks it)."""
+    ran = []
+    monkeypatch.setattr(paths, "device_type", lambda t: "cuda")
+    monkeypatch.setattr(triton_query_normalized, "available", lambda device: device == "cuda")
+    real_flex = flex.query_normalized_attend_flex
+
+    def triton(q, k, v, *args, **kwargs):
+        ran.append("triton")
+        return torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
+
+    def flex_spy(*args, **kwargs):
+        ran.append("flex")
+        return real_flex(*args, **kwargs)
+
+    monkeypatch.setattr(triton_ops, "query_normalized_attend_triton", triton)
+    monkeypatch.setattr(flex, "query_normalized_attend_flex", flex_spy)
+    return ran
+
+
+@pytest.fixture
+def choices(monkeypatch, tmp_path):
+    """Points the dispatcher at a choice table of the test's own; returns a writer."""
+    file = tmp_path / "cuda_choices.json"
+    monkeypatch.setattr(paths, "CUDA_CHOICES_FILE", file)
+    paths.cuda_choices.cache_clear()
+
+    def write(table: dict | str):
+        file.write_text(table if isinstance(table, str) else json.dumps({"choices": table}))
+        paths.cuda_choices.cache_clear()
+
+    yield write
+    paths.cuda_choices.cache_clear()
+
+
+def test_route_lists_flex_on_cuda_only_without_dropout(as_cuda):
+    for scheme in ("dnas", "hnas"):
+        assert route(scheme, "cuda", BF16, u=0.5) == ["triton", "flex", "reference"]
+        assert route(scheme, "cuda", BF16, 0.1, u=0.5) == ["triton", "reference"]
+    # (the CPU keeps its kernels: eager FlexAttention is slower there and has no backward)
+    assert not paths.QUERY_NORMALIZED_FLEX.supports(None, "cpu", F32, 0.0, False)
+    assert route("sinkhorn", "cuda", F32, n_iter=4) == ["flex", "reference"]
+    assert route("sinkhorn", "cuda", F32, n_iter=1) == route("dnas", "cuda", F32)
+    assert route("hnas", "cuda", torch.float64) == ["reference"]
+    assert route("entmax", "cuda", BF16) == ["reference"]
+
+
+@pytest.mark.parametrize(("table", "dropout_p", "expected"), [
+    ({}, 0.0, "triton"),  # never measured: Triton
+    ({"1024/16/float32": "flex"}, 0.0, "flex"),
+    ({"1024/16/float32": "flex"}, 0.1, "triton"),  # Flex has no dropout
+    ({"1024/16/float32": "triton"}, 0.0, "triton"),
+    ({"2048/16/float32": "flex"}, 0.0, "triton"),  # another length bucket
+])
+def test_attend_on_cuda_runs_the_measured_choice(table, dropout_p, expected, as_cuda, choices):
+    choices(table)
+    q, k, v, u, kpm, qpm = padded_problem(40, 30, 16, B=2, seed=8)
+    for scheme in ("dnas", "hnas"):
+        out = attend(q, k, v, scheme, kpm, qpm, dropout_p=dropout_p, u=u)
+        if expected == "flex":
+            torch.testing.assert_close(out.double(), reference_out(q, k, v, scheme, kpm, qpm, u),
+                                       atol=2e-6, rtol=0)
+    assert as_cuda == [expected, expected]
+
+
+def test_sinkhorn_rounds_run_on_flex_on_cuda(as_cuda):
+    q, k, v, _, kpm, qpm = padded_problem(20, 24, 16, B=4, seed=9)
+    out = attend(q, k, v, "sinkhorn", kpm, qpm, n_iter=4)
+    assert as_cuda == ["flex"]
+    torch.testing.assert_close(out.double(), reference_out(q, k, v, "sinkhorn", kpm, qpm, n_iter=4),
+                               atol=2e-6, rtol=0)
+
+
+def test_flex_declines_head_dims_past_its_limit(as_cuda, caplog):
+    """Past 256 (VQA's fusion over 2,048-d detector features): the reference, logged once."""
+    d = flex.MAX_HEAD_DIM + 4
+    q, k, v, _, _, _ = padded_problem(3, 4, d, B=1, seed=11)
+    norm, _ = normalizer("sinkhorn", n_iter=2)
+    call = norm.call(q, k, v)
+    with caplog.at_level("WARNING"):
+        assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
+        assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
+    assert as_cuda == [] and [r.message for r in caplog.records].count(
+        f"head dims d={d}, d_v={d} are outside the FlexAttention DNAS/HNAS path's "
+        f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead") == 1
+
+
+def test_choice_keys_and_a_broken_table(choices):
+    assert [paths.length_bucket(s) for s in (1, 1024, 1025, 5000, 16384, 50000)] == \
+        [1024, 1024, 2048, 8192, 16384, 16384]
+    assert paths.choice_key(3000, 64, BF16) == "4096/64/bfloat16"
+    choices({"4096/64/bfloat16": "flex", "8192/64/bfloat16": "cudnn"})  # unknown names: ignored
+    assert paths.preferred_cuda_path(3000, 64, BF16) == "flex"
+    assert paths.preferred_cuda_path(8000, 64, BF16) == paths.DEFAULT_CUDA_PATH == "triton"
+    choices("{not json")
+    with pytest.raises(ConfigError, match="--write-choices"):
+        paths.preferred_cuda_path(3000, 64, BF16)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize(("scheme", "n_iter"), SCHEMES)
+@pytest.mark.parametrize(("S", "d", "d_v"), [(17, 64, 64), (1000, 52, 32), (1024, 128, 128)])
+@pytest.mark.gpu
+@no_cuda
+def test_compiled_flex_forward_and_backward_on_a_gpu(scheme, n_iter, S, d, d_v, dtype):
+    """Outputs and dq/dk/dv/du of the compiled kernels against float64, within a few times
+    SDPA's own error in the same dtype (UNAS, against its float64 reference)."""
+    q, k, v, u, kpm, qpm = padded_problem(S, S, d, d_v=d_v, H=2, seed=S)
+    g_out = torch.randn(4, 2, S, d_v, generator=torch.Generator().manual_seed(1))
+    kpm, qpm, g_out = kpm.cuda(), qpm.cuda(), g_out.cuda()
+    inputs = leaf(*(t.cuda() for t in (q, k, v, u)), dtype=dtype)
+    hnas_u = inputs[3] if scheme == "hnas" else None
+    got = out_and_grads(lambda: flex.query_normalized_attend_flex(
+        *inputs[:3], hnas_u, kpm, qpm, n_iter=n_iter), inputs[:3 + (hnas_u is not None)], g_out)
+    ref_in = leaf(*inputs, dtype=torch.float64)
+    ref = out_and_grads(lambda: reference_out(*ref_in[:3], scheme, kpm, qpm, ref_in[3],
+                                              n_iter=n_iter), ref_in[:3 + (hnas_u is not None)],
+                        g_out)
+    sdpa_err = _sdpa_error(inputs[:3], dtype)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "du"), got, ref):
+        err = (a.double() - b).abs().max().item()
+        assert err <= 16 * sdpa_err * max(1.0, b.abs().max().item()), (name, err, sdpa_err)
+
+
+def _sdpa_error(inputs, dtype) -> float:
+    """SDPA's largest output error in `dtype` against float64 on these inputs: the yardstick."""
+    q, k, v = (t.detach() for t in inputs)
+    got = torch.nn.functional.scaled_dot_product_attention(q, k, v).double()
+    ref = torch.softmax(q.double() @ k.double().transpose(-2, -1) / q.shape[-1] ** 0.5, -1)
+    return max((got - ref @ v.double()).abs().max().item(), torch.finfo(dtype).eps)
+
+
+@pytest.mark.gpu
+@no_cuda
+def test_attend_on_a_gpu_runs_compiled_flex_when_chosen(as_cuda, choices):
+    choices({paths.choice_key(256, 64, BF16): "flex"})
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=BF16) for _ in range(3))
+    out = attend(q, k, v, "dnas")
+    assert as_cuda == ["flex"] and flex._compiled.cache_info().currsize == 1
+    ref = reference_out(q, k, v, "dnas", None, None).to(out.device)
+    assert (out.double() - ref).abs().max() < 3e-2
+
+
+# ----------------------------------------------------------------------------- the CUDA bench
+@pytest.fixture(scope="module")
+def bench():
+    """bench/attention_cuda.py as a module (bench/ is scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parents[2] / "bench" / "attention_cuda.py"
+    spec = importlib.util.spec_from_file_location("attention_cuda", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cuda_bench_says_in_one_line_that_it_needs_cuda(bench, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench.main(["--device", "cuda", "--seq", "1024", "--threads", "2"])
+
+
+def test_the_cuda_bench_runs_the_named_kernel_or_stops(bench, monkeypatch):
+    """A method calls its path itself (pinned over the table): Flex serves even where the
+    table says Triton, and a declining path is an error, never a timed reference."""
+    monkeypatch.setattr(paths, "device_type", lambda t: "cuda")
+    monkeypatch.setattr(triton_query_normalized, "available", lambda device: False)
+    q, k, v, u, _, _ = padded_problem(20, 20, 16, B=2, seed=10)
+    out = bench._method("hnas_flex", F32)(q, k, v, u)
+    torch.testing.assert_close(out.double(), reference_out(q, k, v, "hnas", None, None, u),
+                               atol=2e-6, rtol=0)
+    with pytest.raises(RuntimeError, match="triton path declined dnas"):
+        bench._method("dnas_triton", F32)(q, k, v, u)
+
+
+def test_the_cuda_bench_writes_the_faster_kernel_per_shape(bench, monkeypatch, tmp_path):
+    def timing(seconds):
+        return {"fwd": seconds / 3, "fwdbwd": seconds, "peak_gib": 1.0}
+
+    results = {("bf16", 1024, "dnas_triton"): timing(1.0), ("bf16", 1024, "hnas_triton"): timing(1.0),
+               ("bf16", 1024, "dnas_flex"): timing(0.5), ("bf16", 1024, "hnas_flex"): timing(1.2),
+               ("bf16", 8192, "dnas_triton"): timing(1.0), ("bf16", 8192, "hnas_triton"): timing(1.0),
+               ("bf16", 8192, "dnas_flex"): timing(2.0), ("bf16", 8192, "hnas_flex"): timing(1.2),
+               ("fp32", 1024, "dnas_triton"): timing(1.0),  # Flex not measured: no choice
+               ("fp32", 1024, "dnas_flex"): {"skipped": "out of memory"}}
+    table = bench.choices_from(results, 64)
+    assert table == {"1024/64/bfloat16": "flex", "8192/64/bfloat16": "triton"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a test GPU")
+    file = tmp_path / "cuda_choices.json"
+    file.write_text(json.dumps({"choices": {"1024/128/bfloat16": "flex"}}))
+    bench.write_choices(table, file)
+    assert json.loads(file.read_text())["choices"] == {**table, "1024/128/bfloat16": "flex"}
+    assert bench.flops(1, 1, 1024, 64, backward=True) == 3.5 * 4 * 1024**2 * 64

@@ -1,0 +1,172 @@
+"""The probe task: splits, the baseline each split logs, the module's accuracy against a count by
+hand, and every conf/probe/*.yaml through the real CLI with the keys the comparison reads."""
+
+from collections import Counter
+
+import hydra
+import pytest
+import pytorch_lightning as pl
+import torch
+from helpers.cards import CARDS, TINY
+from helpers.cli import QUIET, cli_env, metrics_files, run_app
+from helpers.paths import CONF
+from hydra import compose, initialize_config_dir
+
+from attnlab.errors import ConfigError
+from attnlab.task_module import build_module
+from tasks.probe import GENERATORS
+from tasks.probe.data import IGNORE
+from tasks.probe.datamodule import ProbeDataModule
+from tasks.probe.module import ProbeModule
+from tasks.probe.network import ProbeEncoder
+
+PROBES = sorted(p.stem for p in (CONF / "probe").glob("*.yaml"))
+
+
+def datamodule(probe: str, options: dict, **sizes) -> ProbeDataModule:
+    dm = ProbeDataModule(probe, options, **{"n_train": 200, "n_val": 60, "n_test": 40, **sizes})
+    dm.setup()
+    return dm
+
+
+def test_the_splits_are_cut_from_one_draw_without_overlap():
+    dm = datamodule("listops", {"seq_len": 24, "min_length": 4, "max_depth": 3, "max_args": 4})
+    rows = {s: [tuple(r) for r in dm.splits[s].inputs.tolist()] for s in ("train", "val", "test")}
+    assert [len(rows[s]) for s in rows] == [200, 60, 40]
+    assert len(set(rows["train"]) | set(rows["val"]) | set(rows["test"])) == 300  # ListOps: distinct
+    assert torch.equal(dm.splits["val"].inputs, dm.data.inputs[200:260])
+    again = datamodule("listops", {"seq_len": 24, "min_length": 4, "max_depth": 3, "max_args": 4})
+    assert torch.equal(again.splits["test"].targets, dm.splits["test"].targets)  # same seed
+
+
+def test_majority_baseline_is_the_training_majority_scored_on_the_split():
+    dm = datamodule("coverage", {"length": 8, "num_types": 3})
+    train = [t for t in dm.splits["train"].targets.flatten().tolist() if t != IGNORE]
+    majority = Counter(train).most_common(1)[0][0]
+    for split in ("val", "test"):
+        asked = [t for t in dm.splits[split].targets.flatten().tolist() if t != IGNORE]
+        assert dm.baselines[split] == pytest.approx(sum(t == majority for t in asked) / len(asked))
+    assert dm.model_kwargs()["baseline_name"] == "majority"
+
+
+@pytest.mark.parametrize("probe, options, chance", [
+    ("recall", {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 3, "num_distractors": 2}, 1 / 5),
+    ("retrieval", {"seq_len": 12, "num_slots": 2, "num_values": 3}, 1 / 9),
+    ("clusters", {"num_points": 16, "min_clusters": 2, "max_clusters": 4}, 1 / 3),
+])
+def test_chance_baseline_is_its_expectation(probe, options, chance):
+    dm = datamodule(probe, options)
+    assert dm.baselines == {"val": pytest.approx(chance), "test": pytest.approx(chance)}
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"seq_len": 8}, "pass seq_len >= 24"),  # the generator's own check
+    ({"length": 8}, "unexpected keyword argument"),  # an option of another probe
+])
+def test_bad_probe_options_are_one_config_error(options, words):
+    with pytest.raises(ConfigError, match=words) as error:
+        datamodule("recall", options)
+    assert "probe.options of recall" in str(error.value) and "\n" not in str(error.value)
+
+
+def build(dm: ProbeDataModule, scheme: str = "unas") -> ProbeModule:
+    kw = dm.model_kwargs()
+    net = ProbeEncoder(kw["num_classes"], kw["seq_len"], kw["vocab_size"], kw["input_dim"],
+                       attention=scheme, d_model=16, nhead=2, num_layers=2, dim_feedforward=32)
+    return ProbeModule(net, torch.optim.AdamW, target_kind=kw["target_kind"],
+                       baselines=kw["baselines"], baseline_name=kw["baseline_name"])
+
+
+@pytest.mark.parametrize("probe, options", [
+    ("recall", {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 4}),  # an answer per query
+    ("clusters", {"num_points": 16}),  # float points, the answer at a CLS in front
+])
+def test_validation_accuracy_and_baseline_match_a_count_by_hand(probe, options, one_thread):
+    torch.manual_seed(0)
+    dm = datamodule(probe, options, n_val=70)
+    module = build(dm)
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    trainer.validate(module, dm.val_dataloader(), verbose=False)
+    split = dm.splits["val"]
+    with torch.no_grad():
+        logits = module.net(split.inputs, split.padding_mask)
+    right, asked, whole = 0, 0, 0
+    for row, targets in zip(logits.argmax(-1).tolist(), split.targets.tolist()):
+        pairs = [(row[0], targets)] if isinstance(targets, int) else [
+            (p, t) for p, t in zip(row, targets) if t != IGNORE]
+        right += sum(p == t for p, t in pairs)
+        asked += len(pairs)
+        whole += all(p == t for p, t in pairs)
+    metrics = trainer.callback_metrics
+    assert float(metrics["val/acc"]) == pytest.approx(right / asked, abs=1e-6)
+    assert float(metrics["val/seq_acc"]) == pytest.approx(whole / len(split), abs=1e-6)
+    assert float(metrics["val/baseline_acc"]) == pytest.approx(dm.baselines["val"])
+    # what calibration reads: the asked answers' logits and labels
+    batch = split.__getitems__(list(range(5)))
+    out, labels = module(batch)
+    n = 5 if probe == "clusters" else int((batch["targets"] != IGNORE).sum())
+    assert out.shape == (n, dm.data.num_classes) and labels.shape == (n,)
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_every_probe_config_builds_a_model_that_trains(probe, one_thread):
+    """conf/probe/<probe>.yaml composed as train.py composes it (tiny sizes): its data, a model
+    of the data's sizes, and one training step that lowers the loss on its batch."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["task=probe", f"probe={probe}", "model=hnas",
+                                          "logger=none", *TINY["probe"]])
+    assert cfg.probe.name == probe and cfg.task.datamodule.probe in GENERATORS
+    dm = hydra.utils.instantiate(cfg.task.datamodule, seed=0, data_seed=0)
+    dm.setup()
+    torch.manual_seed(0)
+    module = build_module(cfg.task.module, dm.model_kwargs())
+    batch = next(iter(dm.train_dataloader()))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    losses = []
+    for _ in range(2):
+        logits, labels = module(batch)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert losses[1] < losses[0]
+
+
+@pytest.mark.slow  # ~20 s: six tiny runs with every analysis
+def test_every_probe_config_runs_and_writes_the_keys_the_comparison_reads(tmp_path, data_dir):
+    """Every conf/probe/*.yaml, tiny, in one multirun (HNAS: u is reported), every analysis."""
+    result = run_app(["-m", "task=probe", f"probe={','.join(PROBES)}", "model=hnas",
+                      *TINY["probe"], *QUIET], cli_env(tmp_path, data_dir))
+    assert result.code == 0, result.stderr[-3000:]
+    records = metrics_files(tmp_path / "outputs" / "multirun")
+    probes = [next(o for o in r["overrides"] if o.startswith("probe=")) for r in records]
+    assert sorted(p.split("=")[1] for p in probes) == PROBES
+    assert all(f"_probe-{p.split('=')[1]}_hnas_" in r["_dir"].name for p, r in zip(probes, records))
+    card = CARDS["probe"]
+    for r in records:
+        assert r["status"] == "ok", r.get("error")
+        m = r["metrics"]
+        keys = {card.optimized_metric, card.baseline, *card.metrics, "val/avg_jsd",
+                "val/head_distance", "val/ece"}
+        for layer in (0, 1):
+            keys |= {f"explained_away/layer{layer}/{k}" for k in
+                     ("share_below_1e-08", "min_col_sum_times_S", "entropy")}
+        assert keys <= set(m), keys - set(m)
+        assert 0 <= m["val/baseline_acc"] < 1 and r["hnas_u"]
+
+
+@pytest.mark.parametrize("shift, reach", [(True, [4, 5, 6]), (False, [5])])
+def test_token_shift_mixes_each_token_with_its_two_neighbours_only(shift, reach):
+    """Without attention layers, a token reaches the logits of its own and (with the shift) its
+    neighbours' positions, and nothing else."""
+    torch.manual_seed(0)
+    net = ProbeEncoder(5, 12, vocab_size=10, num_layers=0, d_model=8, token_shift=shift).eval()
+    tokens = torch.randint(1, 10, (1, 12))
+    other = tokens.clone()
+    other[0, 5] = 1 + tokens[0, 5] % 9
+    free = torch.zeros(1, 12, dtype=torch.bool)
+    with torch.no_grad():
+        changed = (net(tokens, free) - net(other, free)).abs().amax(-1)[0] > 1e-6
+    assert changed.nonzero().flatten().tolist() == reach
