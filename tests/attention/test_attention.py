@@ -347,6 +347,34 @@ def test_fused_hnas_on_both_sides_of_the_fold_range(logit_scale):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_rows_outweighed_in_every_column(dtype):
+    """The fused forward exponentiates the DNAS log-weights s_ij - c_j <= 0 without a row
+    maximum; a query outweighed by others in every column (all its log-weights < -20) takes the
+    fallback with its maximum. Query 0 scores 0 against every key, the others >= 150: its weights underflow without it."""
+    assert fused.load()
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(1, 2, 6, 4, generator=g, dtype=dtype)
+    k[..., 0] = 1 + 0.1 * torch.rand(1, 2, 6, generator=g, dtype=dtype)
+    q = torch.zeros(1, 2, 5, 4, dtype=dtype)
+    q[:, :, 1:, 0] = 300 + torch.rand(1, 2, 4, generator=g, dtype=dtype)
+    v = torch.randn(1, 2, 6, 3, generator=g, dtype=dtype)
+    u = torch.tensor([0.3, 0.8], dtype=dtype).view(1, 2, 1, 1)
+    s = q @ k.transpose(-2, -1) / 2
+    assert (s - s.logsumexp(-2, keepdim=True))[:, :, 0].amax() < -100  # row 0: the fallback
+    tensors = [t.requires_grad_() for t in (q, k, v, u)]
+    g_out = torch.randn(1, 2, 5, 3, generator=g, dtype=dtype)
+    # float32 with scores of 150 (an ulp ~1e-5): relative to each tensor's largest entry
+    rel = 1e-10 if dtype == torch.float64 else 2e-4
+    for scheme, wrt in (("dnas", tensors[:3]), ("hnas", tensors)):
+        got = grads(lambda s=scheme: attend(q, k, v, s, u=u), wrt, g_out)
+        ref = grads(lambda s=scheme: reference_attend(q.double(), k.double(), v.double(), s,
+                                                      u=u.double()).to(dtype), wrt, g_out)
+        for a, b in zip(got, ref):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, atol=rel * b.abs().max().item(), rtol=0)
+
+
 def test_fused_kernel_is_what_attend_runs():
     """On this machine (a C++ compiler is present) dnas/hnas must not silently fall back."""
     assert fused.load()

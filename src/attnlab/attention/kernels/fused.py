@@ -36,7 +36,7 @@ from attnlab.attention.kernels import dropout
 FOLD_RANGE = 60.0
 
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
-HEADERS = (SOURCE.with_name("rows.h"), SOURCE.with_name("fold.h"))
+HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "dropout.h"))
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.

@@ -42,7 +42,31 @@ T fold_row_factor(T cmax, T rd, T ru) {
   return std::isinf(rd) ? T(0) : std::exp(cmax + rd - ru);
 }
 
-// Forward: x_j <- ed_j = exp(x_j - m); ld = sum_j ed_j, lu = sum_j ed_j b_j.
+// Forward: x_j <- ed_j = exp(min(x_j + cb_j, 0)) (the row maximum is not needed: see
+// exp_sum_bounded in rows.h); ld = sum_j ed_j, lu = sum_j ed_j b_j. With ld >= bounded_floor,
+// the row's largest ed is >= e^-20, so lu >= e^-80 stays a normal float.
+template <typename T>
+void exp_sum_dot_bounded(T* x, const T* cb, const T* b, int64_t n, T& ld, T& lu) {
+  using V = Vectorized<T>;
+  V sd(T(0)), su(T(0));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V e = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)));
+    e.store(x + j);
+    sd = sd + e;
+    su = at::vec::fmadd(e, V::loadu(b + j), su);
+  }
+  ld = hsum(sd);
+  lu = hsum(su);
+  for (; j < n; ++j) {
+    x[j] = std::exp(std::min(x[j] + cb[j], T(0)));
+    ld += x[j];
+    lu += x[j] * b[j];
+  }
+}
+
+// Forward fallback (rows with their maximum m): x_j <- ed_j = exp(x_j - m); ld = sum_j ed_j,
+// lu = sum_j ed_j b_j.
 template <typename T>
 void exp_sum_dot(T* x, T m, const T* b, int64_t n, T& ld, T& lu) {
   using V = Vectorized<T>;
@@ -76,50 +100,38 @@ void mix_row(T* x, const T* b, T alpha, T beta, int64_t n) {
   for (; j < n; ++j) x[j] *= alpha + beta * b[j];
 }
 
-// Backward pass 1: x_j <- Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = Pd_j a b_j (not stored),
-// acc_j += u Pd_j dP_j; returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j).
+// Backward pass 1, one sweep: Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = Pd_j a b_j;
+// x_j <- W_j = Pd_j (u + (1 - u) a b_j), the weights dv is built from; dp_j <- Pd_j once dP_j
+// is read; acc_j += u Pd_j dP_j. Returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j); the
+// caller completes acc_j -= u Dd Pd_j from dp once Dd is known.
 template <typename T>
-std::pair<T, T> fold_pass1_row(T* x, const T* dp, const T* cb, const T* b, T rd, T a, T u,
-                               T* acc, int64_t n) {
+std::pair<T, T> fold_pass1_row(T* x, T* dp, const T* cb, const T* b, T rd, T a, T u, T* acc,
+                               int64_t n) {
   using V = Vectorized<T>;
-  const V vrd(rd), vu(u);
+  const V vrd(rd), vu(u), vua((T(1) - u) * a);
   V sd(T(0)), sb(T(0));
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    const V g = V::loadu(dp + j);
+    const V g = V::loadu(dp + j), bj = V::loadu(b + j);
     const V pd = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
-    pd.store(x + j);
+    (pd * at::vec::fmadd(vua, bj, vu)).store(x + j);
+    pd.store(dp + j);
     const V pg = pd * g;
     sd = sd + pg;
-    sb = at::vec::fmadd(pg, V::loadu(b + j), sb);
+    sb = at::vec::fmadd(pg, bj, sb);
     at::vec::fmadd(vu, pg, V::loadu(acc + j)).store(acc + j);
   }
   T dd = hsum(sd), du = hsum(sb);
   for (; j < n; ++j) {
-    x[j] = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
-    const T pg = x[j] * dp[j];
+    const T pd = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
+    const T pg = pd * dp[j];
+    x[j] = pd * (u + (T(1) - u) * a * b[j]);
+    dp[j] = pd;
     dd += pg;
     du += pg * b[j];
     acc[j] += u * pg;
   }
   return {dd, a * du};
-}
-
-// Backward pass 1, second sweep: acc_j -= u Dd Pd_j, x_j <- W_j = Pd_j (u + (1 - u) a b_j).
-template <typename T>
-void fold_pass1_finish(T* x, const T* b, T dd, T u, T a, T* acc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vud(u * dd), vu(u), vua((T(1) - u) * a);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V pd = V::loadu(x + j);
-    (V::loadu(acc + j) - vud * pd).store(acc + j);
-    (pd * at::vec::fmadd(vua, V::loadu(b + j), vu)).store(x + j);
-  }
-  for (; j < n; ++j) {
-    acc[j] -= u * dd * x[j];
-    x[j] *= u + (T(1) - u) * a * b[j];
-  }
 }
 
 // Backward pass 2: the full HNAS score gradient in place of dp (= dP_j on entry), one exp:

@@ -28,6 +28,10 @@
 // Exponentials per score: DNAS and HNAS 2 + 2 (column pass and rows; one per backward pass):
 // HNAS gets Pu from Pd by a rank-one factor (fold.h) and mixes W before its one W v product.
 // Flash: 1 + 1. (HNAS falls back to separate Pu exponentials when the c_j span > 60, fold.h.)
+// Sweeps over a row of scores: the column pass reads each twice and writes nothing (row_lse);
+// the DNAS/HNAS row pass exponentiates in one sweep without a row maximum, since s - c <= 0
+// (exp_sum_bounded; a row with every weight below e^-20 is recomputed with its maximum); the
+// backward passes one sweep each (HNAS pass 1 plus an axpy for the part that needs Dd).
 //
 // Work runs in blocks of `rows` queries (or keys) against every key (or query): one block of
 // scores fits in the L2 cache, and row statistics are exact (no online rescaling). Threads
@@ -41,12 +45,14 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "dropout.h"
 #include "fold.h"
 
 namespace {
 
 // Column logsumexp c_j over valid queries, for one (b, h): keys as rows of the block, so the
 // column statistics are row statistics. A column without valid queries gets c = 0.
+// query_bias: null without query padding.
 template <typename T>
 void column_lse(const T* q, int64_t q_row, const T* k, int64_t k_row, const T* query_bias,
                 int64_t M, int64_t N, int64_t d, T scale, T* buf, T* c) {
@@ -55,9 +61,8 @@ void column_lse(const T* q, int64_t q_row, const T* k, int64_t k_row, const T* q
     const int64_t nb = std::min(rows, N - j0);
     gemm<T>(false, true, nb, M, d, scale, k + j0 * k_row, k_row, q, q_row, T(0), buf, M);
     for (int64_t r = 0; r < nb; ++r) {
-      T* x = buf + r * M;
-      const T m = add_bias_max(x, query_bias, M, T(kInf));
-      c[j0 + r] = std::isinf(m) ? T(0) : m + std::log(exp_sum<T>(x, m, M));
+      const T lse = row_lse<T>(buf + r * M, query_bias, M);
+      c[j0 + r] = std::isinf(lse) ? T(0) : lse;
     }
   }
 }
@@ -94,7 +99,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       T* rus = hybrid ? ru_all + bh * M : nullptr;
       const T uu = hybrid ? u_all[bh] : T(1);
       if (column) {
-        column_lse<T>(qs, Q.row, ks, K.row, qbias.data(), M, N, d, scale, colbuf.data(), cs);
+        column_lse<T>(qs, Q.row, ks, K.row, qpm.has_value() ? qbias.data() : nullptr, M, N, d,
+                      scale, colbuf.data(), cs);
       } else {
         std::fill(cs, cs + N, T(0));  // UNAS: the DNAS code with c = 0
       }
@@ -109,34 +115,65 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           const int64_t i = i0 + r;
           T* x = X.data() + r * N;
           row_scale[r] = T(1);
-          T mu, md;
-          if (hybrid && !fold) {
-            add_bias_two_max(x, kbias.data(), cs, N, mu, md);
-          } else {
-            md = mu = add_bias_max(x, cbias.data(), N, column ? T(0) : T(kInf));
-          }
-          if (std::isinf(qbias[i]) || std::isinf(mu)) {  // padded query / no valid key
+          if (std::isinf(qbias[i])) {  // padded query
             std::fill(x, x + N, T(0));
             rds[i] = T(kInf);
             if (hybrid) rus[i] = T(kInf);
             continue;
           }
-          if (fold) {  // one exp per score: Pu from Pd (fold.h)
-            T lu, ld;
-            exp_sum_dot<T>(x, md, bfac.data(), N, ld, lu);
-            mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
-            rus[i] = md + cmax + std::log(lu);
-            rds[i] = md + std::log(ld);
-          } else if (hybrid) {
-            T lu, ld;
-            two_exp_sum<T>(x, cs, mu, md, E.data() + r * N, N, lu, ld);
-            axpby<T>(uu / ld, x, (T(1) - uu) / lu, E.data() + r * N, N);
-            rus[i] = mu + std::log(lu);
-            rds[i] = md + std::log(ld);
-          } else {
-            const T ld = exp_sum<T>(x, md, N);
-            row_scale[r] = T(1) / ld;  // normalize after the product (one sweep less)
-            rds[i] = md + std::log(ld);
+          // DNAS and folded HNAS: one sweep, no row maximum (exp_sum_bounded). Rare rows whose
+          // weights all fall below e^-20 (or with no valid key) get their scores recomputed
+          // and take the sweeps with the maximum.
+          bool done = false;
+          if (column && (!hybrid || fold)) {
+            T ld = 0, lu = 0;
+            if (fold) {
+              exp_sum_dot_bounded<T>(x, cbias.data(), bfac.data(), N, ld, lu);
+            } else {
+              ld = exp_sum_bounded<T>(x, cbias.data(), N);
+            }
+            done = ld >= bounded_floor<T>(N);
+            if (done && fold) {
+              mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
+              rus[i] = cmax + std::log(lu);
+            }
+            if (done) {
+              rds[i] = std::log(ld);
+              if (!hybrid) row_scale[r] = T(1) / ld;  // normalize after the product
+            } else {
+              gemm<T>(false, true, 1, N, d, scale, qs + i * Q.row, Q.row, ks, K.row, T(0), x, N);
+            }
+          }
+          if (!done) {
+            T mu, md;
+            if (hybrid && !fold) {
+              add_bias_two_max(x, kbias.data(), cs, N, mu, md);
+            } else {
+              md = mu = add_bias_max(x, cbias.data(), N, column ? T(0) : T(kInf));
+            }
+            if (std::isinf(mu)) {  // no valid key
+              std::fill(x, x + N, T(0));
+              rds[i] = T(kInf);
+              if (hybrid) rus[i] = T(kInf);
+              continue;
+            }
+            if (fold) {  // one exp per score: Pu from Pd (fold.h)
+              T lu, ld;
+              exp_sum_dot<T>(x, md, bfac.data(), N, ld, lu);
+              mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
+              rus[i] = md + cmax + std::log(lu);
+              rds[i] = md + std::log(ld);
+            } else if (hybrid) {
+              T lu, ld;
+              two_exp_sum<T>(x, cs, mu, md, E.data() + r * N, N, lu, ld);
+              axpby<T>(uu / ld, x, (T(1) - uu) / lu, E.data() + r * N, N);
+              rus[i] = mu + std::log(lu);
+              rds[i] = md + std::log(ld);
+            } else {
+              const T ld = exp_sum<T>(x, md, N);
+              row_scale[r] = T(1) / ld;  // normalize after the product (one sweep less)
+              rds[i] = md + std::log(ld);
+            }
           }
           if (drop.active()) {  // after the sums: the normalizers count every key
             drop.row<T>(bh, i, keep.data());
@@ -218,8 +255,8 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
                                          dldc.data(), N)
                      : hnas_pass1_row<T>(x, pu, dp, kbias.data(), cbias.data(), rds[i], rus[i],
                                          uu, dldc.data(), N);
-            if (fold) {
-              fold_pass1_finish<T>(x, bfac.data(), dd, uu, a, dldc.data(), N);
+            if (fold) {  // dp holds Pd now
+              axpby<T>(T(1), dldc.data(), -uu * dd, dp, N);
             } else {
               hnas_pass1_finish<T>(x, pu, dd, uu, dldc.data(), N);
             }

@@ -153,6 +153,51 @@ T exp_sum(T* x, T m, int64_t n) {
   return s;
 }
 
+// log sum_j exp(x_j + bias_j) without writing x (bias null: none), for the column pass, which
+// needs only the sums; -inf when every entry is -inf.
+template <typename T>
+T row_lse(const T* x, const T* bias, int64_t n) {
+  using V = Vectorized<T>;
+  auto at_j = [&](int64_t j) { return bias ? V::loadu(x + j) + V::loadu(bias + j) : V::loadu(x + j); };
+  V vmax(-T(kInf));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) vmax = at::vec::maximum(vmax, at_j(j));
+  T m = hmax(vmax);
+  for (int64_t t = j; t < n; ++t) m = std::max(m, bias ? x[t] + bias[t] : x[t]);
+  if (std::isinf(m)) return m;
+  const V vm(m);
+  V vsum(T(0));
+  for (j = 0; j + V::size() <= n; j += V::size()) vsum = vsum + vexp(at_j(j) - vm);
+  T s = hsum(vsum);
+  for (; j < n; ++j) s += std::exp((bias ? x[j] + bias[j] : x[j]) - m);
+  return m + std::log(s);
+}
+
+// The DNAS row pass in one sweep: its log-weights s_j - c_j are <= 0 (dnas_logit), so exp()
+// needs no row maximum: x_j <- exp(min(x_j + cb_j, 0)), returns the sum. A row whose sum is
+// below bounded_floor(n) (every weight under e^-20: a query outweighed in every column) has
+// lost precision to underflow and is redone with its maximum (the caller's fallback).
+template <typename T>
+T exp_sum_bounded(T* x, const T* cb, int64_t n) {
+  using V = Vectorized<T>;
+  V vsum(T(0));
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V e = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)));
+    e.store(x + j);
+    vsum = vsum + e;
+  }
+  T s = hsum(vsum);
+  for (; j < n; ++j) s += x[j] = std::exp(std::min(x[j] + cb[j], T(0)));
+  return s;
+}
+
+// A row sum of exp_sum_bounded at or above this puts the row's largest weight at >= e^-20.
+template <typename T>
+T bounded_floor(int64_t n) {
+  return T(n) * std::exp(T(-20));
+}
+
 // HNAS forward: x_j += kb_j; mu = max_j x_j, md = max_j min(x_j - c_j, 0).
 template <typename T>
 void add_bias_two_max(T* x, const T* kb, const T* c, int64_t n, T& mu, T& md) {
@@ -336,59 +381,5 @@ void unas_grad_row(T* x, T* dp, const T* kb, T r, T D, const T* drop, int64_t n)
     dp[j] = p * (g - D);
   }
 }
-
-// ---- attention dropout --------------------------------------------------------------------
-//
-// One keep mask on the mixed weights, scaled by 1/(1-p), as reference.py drops them. The mask is
-// counter-based, never stored: element (i, j) of head (b, h), with row = (b H + h) S_q + i, is
-// kept iff  mix(mix(mix(row ^ seed_lo) + seed_hi) + j * 0x9E3779B9) / 2 >= floor(p * 2^31),
-// mix = the "lowbias32" integer hash, seed_lo / seed_hi = the low / high 31 bits of a 62-bit
-// seed. The backward regenerates it from the saved seed. The same function is in
-// kernels/dropout.py (torch, for tests) and in the Triton kernel.
-
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-struct Dropout {
-  double p;
-  uint32_t threshold = 0, seed_lo = 0, seed_hi = 0;
-  const bool* keep = nullptr;  // test hook: an explicit (B, H, S_q, S_k) keep mask
-  int64_t M, N;
-
-  Dropout(double p_, int64_t seed, const std::optional<at::Tensor>& keep_mask, int64_t M_, int64_t N_)
-      : p(p_), M(M_), N(N_) {
-    TORCH_CHECK(p >= 0 && p < 1, "dropout_p must be in [0, 1)");
-    threshold = static_cast<uint32_t>(std::floor(p * 2147483648.0));
-    seed_lo = static_cast<uint32_t>(seed & 0x7FFFFFFF);
-    seed_hi = static_cast<uint32_t>((seed >> 31) & 0x7FFFFFFF);
-    if (keep_mask.has_value() && p > 0) {
-      TORCH_CHECK(keep_mask->scalar_type() == at::kBool && keep_mask->is_contiguous() &&
-                      keep_mask->numel() == keep_mask->size(0) * keep_mask->size(1) * M * N,
-                  "keep_mask must be a contiguous bool (B, H, S_q, S_k) tensor");
-      keep = keep_mask->data_ptr<bool>();
-    }
-  }
-  bool active() const { return p > 0; }
-
-  // scale_j = 1/(1-p) where element (i, j) of head bh is kept, else 0.
-  template <typename T>
-  void row(int64_t bh, int64_t i, T* scale) const {
-    const T inv = T(1) / T(1 - p);
-    if (keep) {
-      const bool* m = keep + (bh * M + i) * N;
-      for (int64_t j = 0; j < N; ++j) scale[j] = m[j] ? inv : T(0);
-      return;
-    }
-    const uint32_t key = mix32(mix32(static_cast<uint32_t>(bh * M + i) ^ seed_lo) + seed_hi);
-    for (int64_t j = 0; j < N; ++j)
-      scale[j] = (mix32(key + static_cast<uint32_t>(j) * 0x9E3779B9U) >> 1) >= threshold ? inv : T(0);
-  }
-};
 
 }  // namespace
