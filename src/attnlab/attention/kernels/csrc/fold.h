@@ -2,7 +2,8 @@
 // weights times a rank-one factor, so they cost a multiply instead of an exponential.
 //
 // With b_j = exp(c_j - cmax) (cmax = the largest c_j over valid keys), the DNAS exponential
-// ed_ij = exp(s_ij - c_j - md_i) gives the UNAS one as ed_ij b_j = exp(s_ij - md_i - cmax):
+// ed_ij = exp(s_ij - c_j - md_i) gives the UNAS one as ed_ij b_j = exp(s_ij - md_i - cmax)
+// (md_i = 0 in the one-sweep forward, the row maximum in its fallback):
 //
 //   Pd_ij = ed_ij / ld_i,  Pu_ij = ed_ij b_j / lu_i = Pd_ij a_i b_j,  a_i = ld_i / lu_i
 //   rd_i = md_i + log ld_i,  ru_i = md_i + cmax + log lu_i,  a_i = exp(cmax + rd_i - ru_i)
@@ -10,7 +11,8 @@
 // so the mixed weights are W_ij = Pd_ij (u + (1 - u) a_i b_j), and the backward recovers Pu from
 // Pd the same way. Safe while the c_j of valid keys span at most kFoldRange: then b_j >= e^-60,
 // every UNAS term that matters (Pu_ij > e^-60 of its row's mass) comes from a normal ed_ij
-// (the row's largest DNAS term is ed = 1, so lu_i >= e^-60), and a_i <= N e^60 stays finite.
+// (the row's largest DNAS term is ed >= e^-20, so lu_i >= e^-80), and a_i <= N e^60 stays
+// finite.
 // Wider ranges (scores of hundreds) keep the two-exponential sweeps of rows.h.
 #pragma once
 
