@@ -27,18 +27,9 @@ from attnlab.compare.plan import (
 )
 from attnlab.compare.writeup import HEATMAP, heatmap, log_to_wandb, write_report
 from attnlab.errors import ConfigError
-from attnlab.reproduce.launch import command
+from attnlab.reproduce.launch import command, project_root
 from attnlab.reproduce.plan import default_jobs
 from attnlab.reproduce.writeup import git_commit, machine
-
-
-def project_root() -> Path:
-    """The folder of train.py: ATTNLAB_ROOT, else this source tree's root (src/attnlab/compare)."""
-    root = Path(os.environ.get("ATTNLAB_ROOT", Path(__file__).resolve().parents[3]))
-    if not (root / "train.py").is_file():
-        raise SystemExit(f"error: no train.py in {root}; run from a clone of attnlab or set "
-                         "ATTNLAB_ROOT")
-    return root
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

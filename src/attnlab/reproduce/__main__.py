@@ -11,19 +11,11 @@ from datetime import datetime
 from pathlib import Path
 
 from attnlab.errors import ConfigError
-from attnlab.reproduce.launch import command, run_sweeps
+from attnlab.reproduce.launch import command, project_root, run_sweeps
 from attnlab.reproduce.plan import Plan, default_jobs, group_sweeps
 from attnlab.reproduce.registry import claims as all_claims
 from attnlab.reproduce.results import NOT_RUN, ClaimResult, Results
 from attnlab.reproduce.writeup import git_commit, log_to_wandb, machine, summary_table, write_report
-
-
-def project_root() -> Path:
-    """The folder of train.py: ATTNLAB_ROOT, else this source tree's root (src/attnlab/reproduce)."""
-    root = Path(os.environ.get("ATTNLAB_ROOT", Path(__file__).resolve().parents[3]))
-    if not (root / "train.py").is_file():
-        raise SystemExit(f"error: no train.py in {root}; run from a clone of attnlab or set ATTNLAB_ROOT")
-    return root
 
 
 def parse(argv: list[str] | None, claims: dict) -> argparse.Namespace:

@@ -19,6 +19,14 @@ from attnlab.reproduce.results import Results
 COMMAND_FILE = "reproduce_command.json"  # what a sweep dir was trained with
 
 
+def project_root() -> Path:
+    """The folder of train.py: ATTNLAB_ROOT, else this source tree's root (src/attnlab/reproduce)."""
+    root = Path(os.environ.get("ATTNLAB_ROOT", Path(__file__).resolve().parents[3]))
+    if not (root / "train.py").is_file():
+        raise SystemExit(f"error: no train.py in {root}; run from a clone of attnlab or set ATTNLAB_ROOT")
+    return root
+
+
 def command(sweep: Sweep, plan: Plan, sweep_dir: Path) -> list[str]:
     return [sys.executable, str(plan.root / "train.py"), "-m", *sweep.overrides(plan), f"hydra.sweep.dir={sweep_dir}"]
 

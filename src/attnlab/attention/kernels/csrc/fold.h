@@ -44,39 +44,17 @@ T fold_row_factor(T cmax, T rd, T ru) {
   return std::isinf(rd) ? T(0) : std::exp(cmax + rd - ru);
 }
 
-// Forward: x_j <- ed_j = exp(min(x_j + cb_j, 0)) (the row maximum is not needed: see
-// exp_sum_bounded in rows.h); ld = sum_j ed_j, lu = sum_j ed_j b_j. With ld >= bounded_floor,
-// the row's largest ed is >= e^-20, so lu >= e^-80 stays a normal float.
+// Forward: x_j <- ed_j = exp(l_j - m) (rows.h: exp_sum, whose one-sweep m = 0 and fallback it
+// shares); ld = sum_j ed_j, lu = sum_j ed_j b_j. With ld >= bounded_floor, the row's largest ed
+// is >= e^-20, so lu >= e^-80 stays a normal float.
 template <typename T>
-void exp_sum_dot_bounded(T* x, const T* cb, const T* b, int64_t n, T& ld, T& lu) {
-  using V = Vectorized<T>;
-  V sd(T(0)), su(T(0));
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V e = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)));
-    e.store(x + j);
-    sd = sd + e;
-    su = at::vec::fmadd(e, V::loadu(b + j), su);
-  }
-  ld = hsum(sd);
-  lu = hsum(su);
-  for (; j < n; ++j) {
-    x[j] = std::exp(std::min(x[j] + cb[j], T(0)));
-    ld += x[j];
-    lu += x[j] * b[j];
-  }
-}
-
-// Forward fallback (rows with their maximum m): x_j <- ed_j = exp(x_j - m); ld = sum_j ed_j,
-// lu = sum_j ed_j b_j.
-template <typename T>
-void exp_sum_dot(T* x, T m, const T* b, int64_t n, T& ld, T& lu) {
+void exp_sum_dot(T* x, const T* cb, T m, const T* b, int64_t n, T& ld, T& lu) {
   using V = Vectorized<T>;
   V sd(T(0)), su(T(0));
   const V vm(m);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    const V e = vexp(V::loadu(x + j) - vm);
+    const V e = vexp(row_logit(x, cb, j) - vm);
     e.store(x + j);
     sd = sd + e;
     su = at::vec::fmadd(e, V::loadu(b + j), su);
@@ -84,7 +62,7 @@ void exp_sum_dot(T* x, T m, const T* b, int64_t n, T& ld, T& lu) {
   ld = hsum(sd);
   lu = hsum(su);
   for (; j < n; ++j) {
-    x[j] = std::exp(x[j] - m);
+    x[j] = std::exp(row_logit_at(x, cb, j) - m);
     ld += x[j];
     lu += x[j] * b[j];
   }

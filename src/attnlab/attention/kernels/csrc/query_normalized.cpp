@@ -30,7 +30,7 @@
 // Flash: 1 + 1. (HNAS falls back to separate Pu exponentials when the c_j span > 60, fold.h.)
 // Sweeps over a row of scores: the column pass reads each twice and writes nothing (row_lse);
 // the DNAS/HNAS row pass exponentiates in one sweep without a row maximum, since s - c <= 0
-// (exp_sum_bounded; a row with every weight below e^-20 is recomputed with its maximum); the
+// (exp_sum with m = 0; a row with every weight below e^-20 is recomputed with its maximum); the
 // backward passes one sweep each (HNAS pass 1 plus an axpy for the part that needs Dd).
 //
 // Work runs in blocks of `rows` queries (or keys) against every key (or query): one block of
@@ -121,16 +121,16 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             if (hybrid) rus[i] = T(kInf);
             continue;
           }
-          // DNAS and folded HNAS: one sweep, no row maximum (exp_sum_bounded). Rare rows whose
+          // DNAS and folded HNAS: one sweep, no row maximum (exp_sum with m = 0). Rare rows whose
           // weights all fall below e^-20 (or with no valid key) get their scores recomputed
           // and take the sweeps with the maximum.
           bool done = false;
           if (column && (!hybrid || fold)) {
             T ld = 0, lu = 0;
             if (fold) {
-              exp_sum_dot_bounded<T>(x, cbias.data(), bfac.data(), N, ld, lu);
+              exp_sum_dot<T>(x, cbias.data(), T(0), bfac.data(), N, ld, lu);
             } else {
-              ld = exp_sum_bounded<T>(x, cbias.data(), N);
+              ld = exp_sum<T>(x, cbias.data(), T(0), N);
             }
             done = ld >= bounded_floor<T>(N);
             if (done && fold) {
@@ -159,7 +159,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             }
             if (fold) {  // one exp per score: Pu from Pd (fold.h)
               T lu, ld;
-              exp_sum_dot<T>(x, md, bfac.data(), N, ld, lu);
+              exp_sum_dot<T>(x, nullptr, md, bfac.data(), N, ld, lu);
               mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
               rus[i] = md + cmax + std::log(lu);
               rds[i] = md + std::log(ld);
@@ -170,7 +170,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               rus[i] = mu + std::log(lu);
               rds[i] = md + std::log(ld);
             } else {
-              const T ld = exp_sum<T>(x, md, N);
+              const T ld = exp_sum<T>(x, nullptr, md, N);
               row_scale[r] = T(1) / ld;  // normalize after the product (one sweep less)
               rds[i] = md + std::log(ld);
             }

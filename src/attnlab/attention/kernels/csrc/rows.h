@@ -136,23 +136,6 @@ inline Vectorized<T> dnas_logit(const Vectorized<T>& s, const Vectorized<T>& cb)
   return at::vec::minimum(s + cb, Vectorized<T>(T(0)));
 }
 
-// x_j <- exp(x_j - m); returns the sum. m finite.
-template <typename T>
-T exp_sum(T* x, T m, int64_t n) {
-  using V = Vectorized<T>;
-  V vsum(T(0));
-  const V vm(m);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V e = vexp(V::loadu(x + j) - vm);
-    e.store(x + j);
-    vsum = vsum + e;
-  }
-  T s = hsum(vsum);
-  for (; j < n; ++j) s += x[j] = std::exp(x[j] - m);
-  return s;
-}
-
 // log sum_j exp(x_j + bias_j) without writing x (bias null: none), for the column pass, which
 // needs only the sums; -inf when every entry is -inf.
 template <typename T>
@@ -173,26 +156,41 @@ T row_lse(const T* x, const T* bias, int64_t n) {
   return m + std::log(s);
 }
 
-// The DNAS row pass in one sweep: its log-weights s_j - c_j are <= 0 (dnas_logit), so exp()
-// needs no row maximum: x_j <- exp(min(x_j + cb_j, 0)), returns the sum. A row whose sum is
-// below bounded_floor(n) (every weight under e^-20: a query outweighed in every column) has
-// lost precision to underflow and is redone with its maximum (the caller's fallback).
+// The log-weight of a row sweep: x_j + cb_j clamped at 0 (the DNAS log-weight s_j - c_j, see
+// dnas_logit), or x_j as it is (cb null: x already holds the log-weights).
 template <typename T>
-T exp_sum_bounded(T* x, const T* cb, int64_t n) {
+inline Vectorized<T> row_logit(const T* x, const T* cb, int64_t j) {
+  return cb ? dnas_logit(Vectorized<T>::loadu(x + j), Vectorized<T>::loadu(cb + j))
+            : Vectorized<T>::loadu(x + j);
+}
+
+template <typename T>
+inline T row_logit_at(const T* x, const T* cb, int64_t j) {
+  return cb ? std::min(x[j] + cb[j], T(0)) : x[j];
+}
+
+// x_j <- exp(l_j - m) for the row's log-weights l (row_logit); returns the sum. The DNAS row pass
+// takes m = 0 in one sweep: its log-weights s_j - c_j are <= 0, so exp() needs no row maximum.
+// A row whose sum is then below bounded_floor(n) (every weight under e^-20: a query outweighed
+// in every column) has lost precision to underflow and is redone with its maximum (the caller's
+// fallback). m finite.
+template <typename T>
+T exp_sum(T* x, const T* cb, T m, int64_t n) {
   using V = Vectorized<T>;
   V vsum(T(0));
+  const V vm(m);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    const V e = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)));
+    const V e = vexp(row_logit(x, cb, j) - vm);
     e.store(x + j);
     vsum = vsum + e;
   }
   T s = hsum(vsum);
-  for (; j < n; ++j) s += x[j] = std::exp(std::min(x[j] + cb[j], T(0)));
+  for (; j < n; ++j) s += x[j] = std::exp(row_logit_at(x, cb, j) - m);
   return s;
 }
 
-// A row sum of exp_sum_bounded at or above this puts the row's largest weight at >= e^-20.
+// A row sum of exp_sum with m = 0 at or above this puts the row's largest weight at >= e^-20.
 template <typename T>
 T bounded_floor(int64_t n) {
   return T(n) * std::exp(T(-20));
