@@ -58,22 +58,24 @@ MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 1
                        "hnas_dropout_reference": 11}
 # Work per score (one query-key pair) of each path, as (B, H, S, S)-sized matrix products of
 # inner size d (2 d FLOPs each) and exponentials, forward / backward; the backward includes the
-# scores it recomputes. Matmuls alone give each path's floor against flash (7): DNAS 9/7 =
-# 1.29x, HNAS 10/7 = 1.43x; the extra exponentials add to it (at d = 64 on a CPU an exponential
+# scores it recomputes. Matmuls alone give each path's floor against flash (7): DNAS 8/7 =
+# 1.14x, HNAS 9/7 = 1.29x; the extra exponential adds to it (at d = 64 on a CPU an exponential
 # costs a noticeable fraction of a d-length product).
 WORK_PER_SCORE = """\
 | path | forward | backward | total | floor vs flash (matmuls) |
 |---|---|---|---|---|
 | flash (SDPA, UNAS) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
-| DNAS fused | 3 mm + 2 exp | 6 mm + 2 exp | 9 mm + 4 exp | 1.29x |
-| HNAS fused | 3 mm + 2 exp | 7 mm + 2 exp | 10 mm + 4 exp | 1.43x |
+| DNAS fused | 3 mm + 2 exp | 5 mm + 1 exp | 8 mm + 3 exp | 1.14x |
+| HNAS fused | 4 mm + 2 exp | 5 mm + 1 exp | 9 mm + 3 exp | 1.29x |
 | UNAS padded, attend | as flash, + O(S d) | as flash, + O(S d) | 7 mm + 2 exp | 1 |
 
 mm: flash fwd QK^T, PV; bwd QK^T, dP = g V^T, dV = P^T g, dQ = dS K, dK = dS^T Q. DNAS adds the
-column pass (KQ^T, column LSE) in the forward, and a first backward pass for the gradient
-through the column LSE (QK^T, dV = Pd^T g); HNAS's first pass needs g V^T as well (both row
-sums Dd, Du). HNAS gets its UNAS weights from the DNAS ones without an exp (Pu = Pd a_i b_j,
-csrc/fold.h) and mixes them before its one P V product (before that: 3 + 4 exp, 10 mm + 7 exp in all).
+column pass (KQ^T, column LSE) in the forward; its backward runs over blocks of keys against
+every query, so the column sums behind the gradient through the column LSE are complete in a
+block and the backward's products are flash's five (csrc/columns.h). HNAS's P V product has
+twice the width ([V | b V]: both branches' outputs, whose row sums g . O the backward needs),
+and it gets its UNAS weights from the DNAS ones without an exp (Pu = Pd a_i b_j, csrc/fold.h).
+Before (two query-block passes in the backward): DNAS 3 + 6, HNAS 3 + 7 mm, 4 exp each.
 """
 FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 512)

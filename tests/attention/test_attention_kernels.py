@@ -169,6 +169,33 @@ def test_cpu_kernel_dropout_matches_reference_with_the_same_mask(scheme):
     torch.testing.assert_close(explicit().double(), ref[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
+def test_cpu_kernel_backward_over_several_key_blocks(scheme, dropout_p):
+    """The fused backward runs over blocks of at most 256 keys against every query (csrc/columns.h):
+    603 keys are three blocks, the last with a scalar tail. Values and every gradient (u's too),
+    with padding, d_v != d and dropout (the seed's mask, and the same mask given explicitly),
+    against the float64 reference with that mask."""
+    assert fused.load()
+    B, H, S_q, S_k = 4, 2, 7, 603
+    q, k, v, u, kpm, qpm = padded_problem(S_q, S_k, 4, d_v=3, B=B, H=H, dtype=F64, seed=8)
+    inputs = leaf(q, k, v, u)
+    uu = inputs[3] if scheme == "hnas" else None
+    keep = dropout.keep_mask(11, (B, H, S_q, S_k), dropout_p) if dropout_p else None
+    g_out = torch.randn(B, H, S_q, 3, dtype=F64)
+    wrt = inputs if scheme == "hnas" else inputs[:3]
+    ref = out_and_grads(lambda: reference_out(*inputs[:3], scheme, kpm, qpm, uu, keep=keep,
+                                              p=dropout_p), wrt, g_out)
+    def run(**mask):
+        if scheme == "unas":
+            return fused.unas_attend(*inputs[:3], kpm, qpm, dropout_p, **mask)
+        return fused.query_normalized_attend(*inputs[:3], uu, kpm, qpm, dropout_p, **mask)
+
+    for mask in ({"seed": 11}, {"keep_mask": keep}):
+        for a, b in zip(out_and_grads(lambda m=mask: run(**m), wrt, g_out), ref):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_counter_dropout_keep_rate_and_mean(p):
     """With v = identity the output is the dropped weight matrix: about 1 - p of the weights

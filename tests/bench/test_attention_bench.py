@@ -34,7 +34,7 @@ def test_table_has_the_work_per_score_and_min_ratios(tmp_path):
                "--rounds", "1", "--stat", "min", "--out-dir", str(tmp_path), *TINY)
     table = proc.stdout
     assert "min of 1 interleaved rounds x 2 runs" in table
-    assert "| HNAS fused | 3 mm + 2 exp | 7 mm + 2 exp | 10 mm + 4 exp | 1.43x |" in table
+    assert "| HNAS fused | 4 mm + 2 exp | 5 mm + 1 exp | 9 mm + 3 exp | 1.29x |" in table
     rows = [line for line in table.splitlines() if line.startswith("| 32 |")]
     assert len(rows) == 3 and "(1.00x)" in rows[0]
     assert len(list(tmp_path.glob("attention-*.md"))) == 1

@@ -36,7 +36,7 @@ from attnlab.attention.kernels import dropout
 FOLD_RANGE = 60.0
 
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
-HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "dropout.h"))
+HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "columns.h", "dropout.h"))
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.
@@ -106,24 +106,24 @@ class _FusedAttention(torch.autograd.Function):
                 keep_mask):
         u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
         u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
-        out, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
+        out, od, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
             q, k, v, u_bh, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask
         )
-        # DNAS's backward reads g_i . out_i from the output (HNAS computes both branches' instead)
-        ctx.save_for_backward(q, k, v, out if u is None else None, u_bh, c, rd, ru,
-                              key_padding_mask, query_padding_mask, keep_mask)
+        # the backward's row sums g_i . out_i come from the output (HNAS: and from od, the
+        # output of its DNAS branch), so that it needs no g v^T product for them
+        ctx.save_for_backward(q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask,
+                              query_padding_mask, keep_mask)
         ctx.u_shape = None if u is None else u.shape
         ctx.options = (column, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask, keep_mask = (
+        q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask, query_padding_mask, keep_mask = (
             ctx.saved_tensors
         )
-        out = q.new_empty(0) if out is None else out
         dq, dk, dv, du = torch.ops.attnlab.query_normalized_backward(
-            grad.to(q.dtype), q, k, v, out, u_bh, c, rd, ru, key_padding_mask, query_padding_mask,
+            grad.to(q.dtype), q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask, query_padding_mask,
             *ctx.options, keep_mask,
         )
         grad_u = None

@@ -46,18 +46,21 @@ struct Dropout {
   }
   bool active() const { return p > 0; }
 
-  // scale_j = 1/(1-p) where element (i, j) of head bh is kept, else 0.
+  // scale[t] = 1/(1-p) where element (i, j0 + t) of head bh is kept, else 0, for t < n (the
+  // row's keys j0 .. j0 + n - 1: the backward works on blocks of keys).
   template <typename T>
-  void row(int64_t bh, int64_t i, T* scale) const {
+  void row(int64_t bh, int64_t i, T* scale, int64_t j0, int64_t n) const {
     const T inv = T(1) / T(1 - p);
     if (keep) {
-      const bool* m = keep + (bh * M + i) * N;
-      for (int64_t j = 0; j < N; ++j) scale[j] = m[j] ? inv : T(0);
+      const bool* m = keep + (bh * M + i) * N + j0;
+      for (int64_t t = 0; t < n; ++t) scale[t] = m[t] ? inv : T(0);
       return;
     }
     const uint32_t key = mix32(mix32(static_cast<uint32_t>(bh * M + i) ^ seed_lo) + seed_hi);
-    for (int64_t j = 0; j < N; ++j)
-      scale[j] = (mix32(key + static_cast<uint32_t>(j) * 0x9E3779B9U) >> 1) >= threshold ? inv : T(0);
+    for (int64_t t = 0; t < n; ++t) {
+      const uint32_t j = static_cast<uint32_t>(j0 + t);
+      scale[t] = (mix32(key + j * 0x9E3779B9U) >> 1) >= threshold ? inv : T(0);
+    }
   }
 };
 

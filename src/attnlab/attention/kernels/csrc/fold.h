@@ -68,70 +68,14 @@ void exp_sum_dot(T* x, const T* cb, T m, const T* b, int64_t n, T& ld, T& lu) {
   }
 }
 
-// x_j <- x_j (alpha + beta b_j): from ed to the mixed weights (alpha = u / ld,
-// beta = (1 - u) / lu), or from Pd to W (alpha = u, beta = (1 - u) a).
+// VV = [V | b V] (n x 2 dv), whose product with the DNAS weights ed gives, per row, ld Od and
+// lu Ou: both branches' outputs from one product.
 template <typename T>
-void mix_row(T* x, const T* b, T alpha, T beta, int64_t n) {
-  using V = Vectorized<T>;
-  const V va(alpha), vb(beta);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size())
-    (V::loadu(x + j) * at::vec::fmadd(vb, V::loadu(b + j), va)).store(x + j);
-  for (; j < n; ++j) x[j] *= alpha + beta * b[j];
-}
-
-// Backward pass 1, one sweep: Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = Pd_j a b_j;
-// x_j <- W_j = Pd_j (u + (1 - u) a b_j), the weights dv is built from; dp_j <- Pd_j once dP_j
-// is read; acc_j += u Pd_j dP_j. Returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j); the
-// caller completes acc_j -= u Dd Pd_j from dp once Dd is known.
-template <typename T>
-std::pair<T, T> fold_pass1_row(T* x, T* dp, const T* cb, const T* b, T rd, T a, T u, T* acc,
-                               int64_t n) {
-  using V = Vectorized<T>;
-  const V vrd(rd), vu(u), vua((T(1) - u) * a);
-  V sd(T(0)), sb(T(0));
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V g = V::loadu(dp + j), bj = V::loadu(b + j);
-    const V pd = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
-    (pd * at::vec::fmadd(vua, bj, vu)).store(x + j);
-    pd.store(dp + j);
-    const V pg = pd * g;
-    sd = sd + pg;
-    sb = at::vec::fmadd(pg, bj, sb);
-    at::vec::fmadd(vu, pg, V::loadu(acc + j)).store(acc + j);
-  }
-  T dd = hsum(sd), du = hsum(sb);
-  for (; j < n; ++j) {
-    const T pd = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
-    const T pg = pd * dp[j];
-    x[j] = pd * (u + (T(1) - u) * a * b[j]);
-    dp[j] = pd;
-    dd += pg;
-    du += pg * b[j];
-    acc[j] += u * pg;
-  }
-  return {dd, a * du};
-}
-
-// Backward pass 2: the full HNAS score gradient in place of dp (= dP_j on entry), one exp:
-//   ds_j = Pd_j (u (dP_j - Dd) + e dLdc_j + (1 - u) a b_j (dP_j - Du)).
-template <typename T>
-void fold_score_grad_row(const T* x, T* dp, const T* cb, const T* b, T rd, T dd, T du, T u,
-                         T a, T e, const T* dldc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vrd(rd), vdd(dd), vdu(du), vu(u), vua((T(1) - u) * a), ve(e);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V g = V::loadu(dp + j);
-    const V pd = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
-    V t = at::vec::fmadd(ve, V::loadu(dldc + j), vu * (g - vdd));
-    t = at::vec::fmadd(vua * V::loadu(b + j), g - vdu, t);
-    (pd * t).store(dp + j);
-  }
-  for (; j < n; ++j) {
-    const T pd = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
-    dp[j] = pd * (u * (dp[j] - dd) + e * dldc[j] + (T(1) - u) * a * b[j] * (dp[j] - du));
+void fold_values(const T* v, int64_t v_row, const T* b, int64_t n, int64_t dv, T* vv) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vj = v + j * v_row;
+    std::copy(vj, vj + dv, vv + j * 2 * dv);
+    for (int64_t f = 0; f < dv; ++f) vv[j * 2 * dv + dv + f] = b[j] * vj[f];
   }
 }
 

@@ -11,31 +11,28 @@
 //   W      = u Pd + (1 - u) Pu                         (DNAS: u = 1, Pu is never computed)
 //   out_i  = sum_j W~_ij v_j,  W~ = W * keep / (1 - p) (attention dropout, one mask; p = 0: W)
 //
-// Backward, with g = dL/dout, dP = g v^T, dP~ = dP * keep / (1 - p) and
-// D_i = sum_j P_ij dP~_ij (= g_i . out_i when the output is one branch):
+// Backward, with g = dL/dout, dP = g v^T, dP~ = dP * keep / (1 - p), Dd_i = sum_j Pd_ij dP~_ij
+// = g_i . Od_i and Du_i = g_i . Ou_i (Od, Ou: the DNAS and UNAS branches' outputs):
 //
 //   dS_ij  = u Pd_ij (dP~_ij - Dd_i) + (1 - u) Pu_ij (dP~_ij - Du_i)
 //   dL/dc_j = -sum_i u Pd_ij (dP~_ij - Dd_i)            (c enters the DNAS scores as -c_j)
 //   ds_ij  = dS_ij + dL/dc_j xi_ij,  xi_ij = exp(s_ij - c_j) = Pd_ij exp(rd_i)
 //   dq = scale ds k,  dk = scale ds^T q,  dv = W~^T g,  du = sum_i (Dd_i - Du_i)
 //
-// dL/dc needs every query before ds is known, so the backward sweeps the query blocks twice:
-// pass 1 gets dv and dL/dc, pass 2 gets ds and from it dq, dk (UNAS: pass 2 only, with dv).
-// For DNAS, pass 1 needs no dP: Dd_i = g_i . out_i comes from the saved output and
-// sum_i Pd_ij dP~_ij = v_j . dv_j (dropout included, since dv is built from W~).
-// Block matrix products: forward 3 (column pass, s, W v); backward DNAS 6 (s, Pd^T g; s, g v^T,
-// ds k, ds^T q), HNAS 7 (pass 1 needs g v^T too), UNAS 5. Standard flash attention: 2 + 5.
-// Exponentials per score: DNAS and HNAS 2 + 2 (column pass and rows; one per backward pass):
-// HNAS gets Pu from Pd by a rank-one factor (fold.h) and mixes W before its one W v product.
-// Flash: 1 + 1. (HNAS falls back to separate Pu exponentials when the c_j span > 60, fold.h.)
+// The forward saves what the row sums need: out (DNAS and UNAS: Od = out) and, for HNAS, Od
+// (one product of width 2 d_v against [V | b V], fold.h), so Dd_i = g_i . Od_i and
+// (1 - u) Du_i = g_i . out_i - u Dd_i cost no product. The backward then runs over blocks of
+// keys against every query, so that the column sums behind dL/dc_j are complete within a
+// block: s and dP are computed once, and two sweeps (columns.h) give W~ and dL/dc, then ds.
+// Matrix products per score: forward DNAS 3 (column pass, s, W v), HNAS 4 (width 2 d_v), backward
+// 5 (s, g v^T, W~^T g, ds^T q, ds k); flash 2 + 5. Exponentials: 2 + 1 (column pass, rows;
+// sweep A), flash 1 + 1: Pu = Pd a_i b_j (fold.h; own exponentials when the c_j span > 60).
 // Sweeps over a row of scores: the column pass reads each twice and writes nothing (row_lse);
 // the DNAS/HNAS row pass exponentiates in one sweep without a row maximum, since s - c <= 0
-// (exp_sum with m = 0; a row with every weight below e^-20 is recomputed with its maximum); the
-// backward passes one sweep each (HNAS pass 1 plus an axpy for the part that needs Dd).
+// (exp_sum with m = 0; a row with every weight below e^-20 is recomputed with its maximum).
 //
-// Work runs in blocks of `rows` queries (or keys) against every key (or query): one block of
-// scores fits in the L2 cache, and row statistics are exact (no online rescaling). Threads
-// split the (b, h) pairs; each owns its buffers, and dk, dv of its pairs.
+// Blocks of queries against every key (forward) or of keys against every query (column pass,
+// backward): exact row and column statistics. Threads split the (b, h) pairs and own their outputs.
 //
 // Empty rows (padded query, or every key padded) get out = 0 and r = +inf, so that P = 0 in
 // the backward; a column without valid queries gets c = 0. Nothing produces NaN: every exp()
@@ -45,38 +42,22 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "columns.h"
 #include "dropout.h"
-#include "fold.h"
 
 namespace {
-
-// Column logsumexp c_j over valid queries, for one (b, h): keys as rows of the block, so the
-// column statistics are row statistics. A column without valid queries gets c = 0.
-// query_bias: null without query padding.
-template <typename T>
-void column_lse(const T* q, int64_t q_row, const T* k, int64_t k_row, const T* query_bias,
-                int64_t M, int64_t N, int64_t d, T scale, T* buf, T* c) {
-  const int64_t rows = block_rows(M, N, sizeof(T));
-  for (int64_t j0 = 0; j0 < N; j0 += rows) {
-    const int64_t nb = std::min(rows, N - j0);
-    gemm<T>(false, true, nb, M, d, scale, k + j0 * k_row, k_row, q, q_row, T(0), buf, M);
-    for (int64_t r = 0; r < nb; ++r) {
-      const T lse = row_lse<T>(buf + r * M, query_bias, M);
-      c[j0 + r] = std::isinf(lse) ? T(0) : lse;
-    }
-  }
-}
 
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& kpm,
                   const std::optional<at::Tensor>& qpm, bool column, const Dropout& drop,
-                  at::Tensor& out, at::Tensor& c, at::Tensor& rd, at::Tensor& ru) {
+                  at::Tensor& out, at::Tensor& od, at::Tensor& c, at::Tensor& rd, at::Tensor& ru) {
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), d = q.size(3),
                 dv = v.size(3);
   const bool hybrid = u.has_value();
   const T scale = T(1) / std::sqrt(T(d));
   const Slice<T> Q(q), K(k), V(v), O(out);
+  const std::optional<Slice<T>> OD = hybrid ? std::optional<Slice<T>>(od) : std::nullopt;
   T* c_all = c.data_ptr<T>();
   T* rd_all = rd.data_ptr<T>();
   T* ru_all = hybrid ? ru.data_ptr<T>() : nullptr;
@@ -86,8 +67,11 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> X(rows * N), E(hybrid ? rows * N : 0);
     std::vector<T> colbuf(column ? block_rows(M, N, sizeof(T)) * M : 0);
-    std::vector<T> kbias(N), qbias(M), cbias(N), row_scale(rows), keep(drop.active() ? N : 0);
-    std::vector<T> bfac(hybrid ? N : 0);  // fold.h: Pu = Pd a_i b_j
+    std::vector<T> kbias(N), qbias(M), cbias(N), keep(drop.active() ? N : 0);
+    // 1 / (row sums) of the DNAS (or UNAS) and, for HNAS, the UNAS weights; 0 on empty rows
+    std::vector<T> row_scale(rows), row_scale_u(hybrid ? rows : 0);
+    // HNAS: [V | b V] (fold.h: Pu = Pd a_i b_j) and the block's two products with it
+    std::vector<T> bfac(hybrid ? N : 0), VV(hybrid ? N * 2 * dv : 0), OO(hybrid ? rows * 2 * dv : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       padding_bias<T>(kpm, b, N, kbias.data());
@@ -107,6 +91,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
       T cmax = 0;
       const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
+      if (fold) fold_values<T>(vs, V.row, bfac.data(), N, dv, VV.data());
 
       for (int64_t i0 = 0; i0 < M; i0 += rows) {
         const int64_t nb = std::min(rows, M - i0);
@@ -114,11 +99,26 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         for (int64_t r = 0; r < nb; ++r) {
           const int64_t i = i0 + r;
           T* x = X.data() + r * N;
-          row_scale[r] = T(1);
-          if (std::isinf(qbias[i])) {  // padded query
+          // the row's sums ld, lu of its weights exp(. - m): row LSEs, and 1/sums (normalized
+          // after the products)
+          auto set_sums = [&](T m, T ld, T lu, T mu) {
+            rds[i] = m + std::log(ld);
+            row_scale[r] = T(1) / ld;
+            if (hybrid) {
+              rus[i] = mu + std::log(lu);
+              row_scale_u[r] = T(1) / lu;
+            }
+          };
+          auto empty_row = [&] {  // out = 0, r = +inf (P = 0 in the backward)
             std::fill(x, x + N, T(0));
+            if (hybrid && !fold) std::fill(E.data() + r * N, E.data() + (r + 1) * N, T(0));
             rds[i] = T(kInf);
             if (hybrid) rus[i] = T(kInf);
+            row_scale[r] = T(0);
+            if (hybrid) row_scale_u[r] = T(0);
+          };
+          if (std::isinf(qbias[i])) {  // padded query
+            empty_row();
             continue;
           }
           // DNAS and folded HNAS: one sweep, no row maximum (exp_sum with m = 0). Rare rows whose
@@ -133,13 +133,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               ld = exp_sum<T>(x, cbias.data(), T(0), N);
             }
             done = ld >= bounded_floor<T>(N);
-            if (done && fold) {
-              mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
-              rus[i] = cmax + std::log(lu);
-            }
             if (done) {
-              rds[i] = std::log(ld);
-              if (!hybrid) row_scale[r] = T(1) / ld;  // normalize after the product
+              set_sums(T(0), ld, lu, cmax);
             } else {
               gemm<T>(false, true, 1, N, d, scale, qs + i * Q.row, Q.row, ks, K.row, T(0), x, N);
             }
@@ -152,39 +147,54 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               md = mu = add_bias_max(x, cbias.data(), N, column ? T(0) : T(kInf));
             }
             if (std::isinf(mu)) {  // no valid key
-              std::fill(x, x + N, T(0));
-              rds[i] = T(kInf);
-              if (hybrid) rus[i] = T(kInf);
+              empty_row();
               continue;
             }
             if (fold) {  // one exp per score: Pu from Pd (fold.h)
               T lu, ld;
               exp_sum_dot<T>(x, nullptr, md, bfac.data(), N, ld, lu);
-              mix_row<T>(x, bfac.data(), uu / ld, (T(1) - uu) / lu, N);
-              rus[i] = md + cmax + std::log(lu);
-              rds[i] = md + std::log(ld);
+              set_sums(md, ld, lu, md + cmax);
             } else if (hybrid) {
               T lu, ld;
               two_exp_sum<T>(x, cs, mu, md, E.data() + r * N, N, lu, ld);
-              axpby<T>(uu / ld, x, (T(1) - uu) / lu, E.data() + r * N, N);
-              rus[i] = mu + std::log(lu);
-              rds[i] = md + std::log(ld);
+              set_sums(md, ld, lu, mu);
             } else {
-              const T ld = exp_sum<T>(x, nullptr, md, N);
-              row_scale[r] = T(1) / ld;  // normalize after the product (one sweep less)
-              rds[i] = md + std::log(ld);
+              set_sums(md, exp_sum<T>(x, nullptr, md, N), T(1), T(0));
             }
           }
           if (drop.active()) {  // after the sums: the normalizers count every key
-            drop.row<T>(bh, i, keep.data());
+            drop.row<T>(bh, i, keep.data(), 0, N);
             mul_row<T>(x, keep.data(), N);
+            if (hybrid && !fold) mul_row<T>(E.data() + r * N, keep.data(), N);
           }
         }
         T* ob = os + i0 * O.row;
-        gemm<T>(false, false, nb, dv, N, T(1), X.data(), N, vs, V.row, T(0), ob, O.row);
         if (!hybrid) {
+          gemm<T>(false, false, nb, dv, N, T(1), X.data(), N, vs, V.row, T(0), ob, O.row);
           for (int64_t r = 0; r < nb; ++r)
             for (int64_t f = 0; f < dv; ++f) ob[r * O.row + f] *= row_scale[r];
+          continue;
+        }
+        // HNAS: [ed V | ed b V] (fold: one product of width 2 dv; else X V and E V), then
+        // out = u Od + (1 - u) Ou with Od = ed V / ld, Ou = ed b V / lu, and Od is saved: the
+        // backward's row sums Dd_i = g_i . Od_i need no product then.
+        if (fold) {
+          gemm<T>(false, false, nb, 2 * dv, N, T(1), X.data(), N, VV.data(), 2 * dv, T(0), OO.data(),
+                  2 * dv);
+        } else {
+          gemm<T>(false, false, nb, dv, N, T(1), X.data(), N, vs, V.row, T(0), OO.data(), 2 * dv);
+          gemm<T>(false, false, nb, dv, N, T(1), E.data(), N, vs, V.row, T(0), OO.data() + dv,
+                  2 * dv);
+        }
+        T* odb = OD->at(b, h) + i0 * OD->row;
+        for (int64_t r = 0; r < nb; ++r) {
+          const T* oo = OO.data() + r * 2 * dv;
+          const T sd = row_scale[r], su = (T(1) - uu) * row_scale_u[r];
+          for (int64_t f = 0; f < dv; ++f) {
+            const T odf = sd * oo[f];
+            odb[r * OD->row + f] = odf;
+            ob[r * O.row + f] = uu * odf + su * oo[dv + f];
+          }
         }
       }
     }
@@ -193,29 +203,30 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 template <typename T>
 void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
-                   const at::Tensor& v, const at::Tensor& out, const std::optional<at::Tensor>& u,
-                   const at::Tensor& c, const at::Tensor& rd, const at::Tensor& ru,
-                   const std::optional<at::Tensor>& kpm, const std::optional<at::Tensor>& qpm,
-                   bool column, const Dropout& drop, at::Tensor& dq, at::Tensor& dk,
-                   at::Tensor& dv, at::Tensor& du) {
+                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& od,
+                   const std::optional<at::Tensor>& u, const at::Tensor& c, const at::Tensor& rd,
+                   const at::Tensor& ru, const std::optional<at::Tensor>& kpm, bool column,
+                   const Dropout& drop, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                   at::Tensor& du) {
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), d = q.size(3),
                 dvs = v.size(3);
   const bool hybrid = u.has_value();
   const T scale = T(1) / std::sqrt(T(d));
-  const Slice<T> G(g), Q(q), K(k), Vv(v), DQ(dq), DK(dk), DV(dv);
-  const std::optional<Slice<T>> O = hybrid ? std::nullopt : std::optional<Slice<T>>(out);
+  const Slice<T> G(g), Q(q), K(k), Vv(v), O(out), DQ(dq), DK(dk), DV(dv);
+  const std::optional<Slice<T>> OD = hybrid ? std::optional<Slice<T>>(od) : std::nullopt;
   const T* c_all = c.data_ptr<T>();
   const T* rd_all = rd.data_ptr<T>();
   const T* ru_all = hybrid ? ru.data_ptr<T>() : nullptr;
   const T* u_all = hybrid ? u->data_ptr<T>() : nullptr;
   T* du_all = hybrid ? du.data_ptr<T>() : nullptr;
-  const int64_t rows = block_rows(N, M, sizeof(T));
+  const int64_t cols = block_rows(M, N, sizeof(T));  // keys per block
 
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    // X: scores, then Pd and W (pass 1); E: Pu (pass 1); D: dP, then ds
-    std::vector<T> X(rows * N), E(hybrid ? rows * N : 0), D(rows * N), keep(drop.active() ? N : 0);
-    std::vector<T> kbias(N), cbias(N), dldc(N), Dd(M), Du(hybrid ? M : 0), bfac(hybrid ? N : 0);
-    T* keep_row = drop.active() ? keep.data() : nullptr;
+    // X: scores, then Pd (P for UNAS); D: dP, then dP~, then ds; W: W~ (HNAS or dropout)
+    const bool own_w = column && (hybrid || drop.active());
+    std::vector<T> X(M * cols), D(M * cols), W(own_w ? M * cols : 0), keep(drop.active() ? cols : 0);
+    std::vector<T> kbias(N), cbias(N), bfac(hybrid ? N : 0), col(cols), dldc(cols);
+    std::vector<T> Dd(M), Du(M), Eu(hybrid ? M : 0), a(hybrid ? M : 0), e(column ? M : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const T *gs = G.at(b, h), *qs = Q.at(b, h), *ks = K.at(b, h), *vs = Vv.at(b, h);
@@ -228,86 +239,77 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
       for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
       T cmax = 0;  // the forward's choice, from the same c and padding
       const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
-      std::fill(dldc.begin(), dldc.end(), T(0));
-      for (int64_t i = 0; !hybrid && i < M; ++i)
-        Dd[i] = dot(gs + i * G.row, O->at(b, h) + i * O->row, dvs);
-
-      // Pass 1: dv = W~^T g and dL/dc. DNAS: Dd_i = g_i . out_i from the saved output, and
-      // dL/dc_j = sum_i Pd_ij Dd_i - v_j . dv_j (no dP needed). HNAS needs dP for Dd, Du.
-      T du_acc = 0;
-      for (int64_t i0 = 0; column && i0 < M; i0 += rows) {
-        const int64_t nb = std::min(rows, M - i0);
-        const T* qb = qs + i0 * Q.row;
-        const T* gb = gs + i0 * G.row;
-        gemm<T>(false, true, nb, N, d, scale, qb, Q.row, ks, K.row, T(0), X.data(), N);
-        if (hybrid) gemm<T>(false, true, nb, N, dvs, T(1), gb, G.row, vs, Vv.row, T(0), D.data(), N);
-        for (int64_t r = 0; r < nb; ++r) {
-          const int64_t i = i0 + r;
-          T* x = X.data() + r * N;
-          if (keep_row) drop.row<T>(bh, i, keep_row);
-          if (hybrid) {
-            T* pu = E.data() + r * N;
-            T* dp = D.data() + r * N;
-            if (keep_row) mul_row<T>(dp, keep_row, N);
-            const T a = fold ? fold_row_factor(cmax, rds[i], rus[i]) : T(0);
-            const auto [dd, du_i] =
-                fold ? fold_pass1_row<T>(x, dp, cbias.data(), bfac.data(), rds[i], a, uu,
-                                         dldc.data(), N)
-                     : hnas_pass1_row<T>(x, pu, dp, kbias.data(), cbias.data(), rds[i], rus[i],
-                                         uu, dldc.data(), N);
-            if (fold) {  // dp holds Pd now
-              axpby<T>(T(1), dldc.data(), -uu * dd, dp, N);
-            } else {
-              hnas_pass1_finish<T>(x, pu, dd, uu, dldc.data(), N);
-            }
-            Dd[i] = dd;
-            Du[i] = du_i;
-            du_acc += dd - du_i;
-          } else {
-            dnas_pass1_row<T>(x, cbias.data(), rds[i], Dd[i], dldc.data(), N);
-          }
-          if (keep_row) mul_row<T>(x, keep_row, N);  // dv is built from the dropped weights
+      const Mix mix = !hybrid ? Mix::none : fold ? Mix::fold : Mix::exp;
+      // Row sums from the saved outputs (dropout included): D_i = g_i . out_i; HNAS Dd_i =
+      // g_i . Od_i and Eu_i = g_i . out_i - u Dd_i = (1 - u) Du_i.
+      for (int64_t i = 0; i < M; ++i) {
+        const T go = dot(gs + i * G.row, O.at(b, h) + i * O.row, dvs);
+        Dd[i] = hybrid ? dot(gs + i * G.row, OD->at(b, h) + i * OD->row, dvs) : go;
+        Du[i] = T(0);
+        if (hybrid) {
+          Eu[i] = go - uu * Dd[i];
+          a[i] = fold ? fold_row_factor(cmax, rds[i], rus[i]) : T(0);
         }
-        gemm<T>(true, false, N, dvs, nb, T(1), X.data(), N, gb, G.row, T(1), dvv, DV.row);
+        if (column) e[i] = std::isinf(rds[i]) ? T(0) : std::exp(rds[i]);  // rd <= log N
+      }
+
+      for (int64_t j0 = 0; j0 < N; j0 += cols) {
+        const int64_t nj = std::min(cols, N - j0);
+        gemm<T>(false, true, M, nj, d, scale, qs, Q.row, ks + j0 * K.row, K.row, T(0), X.data(), nj);
+        gemm<T>(false, true, M, nj, dvs, T(1), gs, G.row, vs + j0 * Vv.row, Vv.row, T(0), D.data(), nj);
+        const T* keep_row = drop.active() ? keep.data() : nullptr;
+        if (!column) {  // UNAS: ds = P (dP~ - D), X <- P~
+          for (int64_t i = 0; i < M; ++i) {
+            if (keep_row) drop.row<T>(bh, i, keep.data(), j0, nj);
+            unas_grad_row<T>(X.data() + i * nj, D.data() + i * nj, kbias.data() + j0, rds[i],
+                             Dd[i], keep_row, nj);
+          }
+        } else {
+          GradRow<T> r{};
+          r.u = uu;
+          r.cb = cbias.data() + j0;
+          r.kb = kbias.data() + j0;
+          r.b = hybrid ? bfac.data() + j0 : nullptr;
+          std::fill(col.begin(), col.begin() + nj, T(0));
+          auto row = [&](int64_t i) {  // the row's scalars
+            r.rd = rds[i], r.dd = Dd[i], r.e = e[i];
+            if (hybrid) r.ru = rus[i], r.a = a[i], r.eu = Eu[i];
+          };
+          for (int64_t i = 0; i < M; ++i) {
+            row(i);
+            if (keep_row) drop.row<T>(bh, i, keep.data(), j0, nj);
+            r.keep = keep_row;
+            T* x = X.data() + i * nj;
+            T* dp = D.data() + i * nj;
+            T* w = own_w ? W.data() + i * nj : nullptr;
+            switch (mix) {
+              case Mix::none: grad_sweep_a<T, Mix::none>(r, x, dp, w, col.data(), nj); break;
+              case Mix::fold: Du[i] += grad_sweep_a<T, Mix::fold>(r, x, dp, w, col.data(), nj); break;
+              case Mix::exp: Du[i] += grad_sweep_a<T, Mix::exp>(r, x, dp, w, col.data(), nj); break;
+            }
+          }
+          for (int64_t t = 0; t < nj; ++t) dldc[t] = -uu * col[t];
+          for (int64_t i = 0; i < M; ++i) {
+            row(i);
+            const T* x = X.data() + i * nj;
+            T* dp = D.data() + i * nj;
+            switch (mix) {
+              case Mix::none: grad_sweep_b<T, Mix::none>(r, x, dp, dldc.data(), nj); break;
+              case Mix::fold: grad_sweep_b<T, Mix::fold>(r, x, dp, dldc.data(), nj); break;
+              case Mix::exp: grad_sweep_b<T, Mix::exp>(r, x, dp, dldc.data(), nj); break;
+            }
+          }
+        }
+        // dv_J = W~^T g, dk_J = scale ds^T q, dq += scale ds k_J
+        const T* wt = own_w ? W.data() : X.data();
+        gemm<T>(true, false, nj, dvs, M, T(1), wt, nj, gs, G.row, T(0), dvv + j0 * DV.row, DV.row);
+        gemm<T>(true, false, nj, d, M, scale, D.data(), nj, qs, Q.row, T(0), dks + j0 * DK.row, DK.row);
+        gemm<T>(false, false, M, d, nj, scale, D.data(), nj, ks + j0 * K.row, K.row, T(1), dqs, DQ.row);
       }
       if (hybrid) {
-        du_all[bh] = du_acc;
-        for (int64_t j = 0; j < N; ++j) dldc[j] = -dldc[j];
-      } else if (column) {
-        for (int64_t j = 0; j < N; ++j) dldc[j] -= dot(vs + j * Vv.row, dvv + j * DV.row, dvs);
-      }
-
-      // Pass 2: ds = dS + dL/dc_j xi_ij, then dq = scale ds k, dk += scale ds^T q
-      // (UNAS: ds = P (dP~ - D) and dv += P~^T g in this same pass).
-      for (int64_t i0 = 0; i0 < M; i0 += rows) {
-        const int64_t nb = std::min(rows, M - i0);
-        const T* qb = qs + i0 * Q.row;
-        const T* gb = gs + i0 * G.row;
-        gemm<T>(false, true, nb, N, d, scale, qb, Q.row, ks, K.row, T(0), X.data(), N);
-        gemm<T>(false, true, nb, N, dvs, T(1), gb, G.row, vs, Vv.row, T(0), D.data(), N);
-        for (int64_t r = 0; r < nb; ++r) {
-          const int64_t i = i0 + r;
-          T* x = X.data() + r * N;
-          T* dp = D.data() + r * N;
-          if (keep_row) drop.row<T>(bh, i, keep_row);
-          if (!column) {
-            unas_grad_row<T>(x, dp, kbias.data(), rds[i], Dd[i], keep_row, N);
-            continue;
-          }
-          if (keep_row) mul_row<T>(dp, keep_row, N);
-          const T e = std::isinf(rds[i]) ? T(0) : std::exp(rds[i]);  // rd <= log N: no overflow
-          if (fold) {
-            fold_score_grad_row<T>(x, dp, cbias.data(), bfac.data(), rds[i], Dd[i], Du[i], uu,
-                                   fold_row_factor(cmax, rds[i], rus[i]), e, dldc.data(), N);
-            continue;
-          }
-          score_grad_row<T>(x, dp, hybrid ? kbias.data() : nullptr, cbias.data(), rds[i],
-                            hybrid ? rus[i] : T(0), Dd[i], hybrid ? Du[i] : T(0), uu, e,
-                            dldc.data(), N);
-        }
-        if (!column) gemm<T>(true, false, N, dvs, nb, T(1), X.data(), N, gb, G.row, T(1), dvv, DV.row);
-        gemm<T>(false, false, nb, d, N, scale, D.data(), N, ks, K.row, T(0), dqs + i0 * DQ.row, DQ.row);
-        gemm<T>(true, false, N, d, nb, scale, D.data(), N, qb, Q.row, T(1), dks, DK.row);
+        T acc = 0;
+        for (int64_t i = 0; i < M; ++i) acc += Dd[i] - Du[i];
+        du_all[bh] = acc;
       }
     }
   });
@@ -328,7 +330,7 @@ std::vector<at::Tensor> check_inputs(const at::Tensor& q, const at::Tensor& k,
   return {last_contiguous(q), last_contiguous(k), last_contiguous(v)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_forward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& key_padding_mask,
     const std::optional<at::Tensor>& query_padding_mask, bool column, double dropout_p,
@@ -343,16 +345,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_forward(
   at::Tensor c = at::empty({B, H, N}, q.options());
   at::Tensor rd = at::empty({B, H, M}, q.options());
   at::Tensor ru = u.has_value() ? at::empty({B, H, M}, q.options()) : at::empty({0}, q.options());
+  // HNAS: the DNAS branch's output, for the backward (empty otherwise)
+  at::Tensor od = u.has_value() ? at::empty_like(out) : at::empty({0}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "qn_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, u, key_padding_mask, query_padding_mask, column, drop, out, c,
-                           rd, ru);
+    forward_impl<scalar_t>(q, k, v, u, key_padding_mask, query_padding_mask, column, drop, out, od,
+                           c, rd, ru);
   });
-  return {out, c, rd, ru};
+  return {out, od, c, rd, ru};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_backward(
     const at::Tensor& g_in, const at::Tensor& q_in, const at::Tensor& k_in,
-    const at::Tensor& v_in, const at::Tensor& out, const std::optional<at::Tensor>& u,
+    const at::Tensor& v_in, const at::Tensor& out, const at::Tensor& od,
+    const std::optional<at::Tensor>& u,
     const at::Tensor& c, const at::Tensor& rd, const at::Tensor& ru,
     const std::optional<at::Tensor>& key_padding_mask,
     const std::optional<at::Tensor>& query_padding_mask, bool column, double dropout_p,
@@ -360,14 +365,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_backward(
   auto qkv = check_inputs(q_in, k_in, v_in);
   const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
   const at::Tensor g = g_in.stride(-1) == 1 ? g_in : g_in.contiguous();
-  TORCH_CHECK(u.has_value() || out.stride(-1) == 1, "the DNAS/UNAS backward needs the saved output");
+  TORCH_CHECK(out.stride(-1) == 1 && (!u.has_value() || od.stride(-1) == 1),
+              "the backward needs the saved output (HNAS: and its DNAS branch)");
   const Dropout drop(dropout_p, seed, keep_mask, q.size(2), k.size(2));
   at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   at::Tensor du = u.has_value() ? at::zeros({q.size(0), q.size(1)}, q.options())
                                 : at::empty({0}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "qn_backward", [&] {
-    backward_impl<scalar_t>(g, q, k, v, out, u, c, rd, ru, key_padding_mask, query_padding_mask,
-                            column, drop, dq, dk, dv, du);
+    backward_impl<scalar_t>(g, q, k, v, out, od, u, c, rd, ru, key_padding_mask, column, drop, dq,
+                            dk, dv, du);
   });
   return {dq, dk, dv, du};
 }
@@ -377,8 +383,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_backward(
 TORCH_LIBRARY(attnlab, m) {
   m.def("query_normalized_forward(Tensor q, Tensor k, Tensor v, Tensor? u, "
         "Tensor? key_padding_mask, Tensor? query_padding_mask, bool column, float dropout_p, "
-        "int seed, Tensor? keep_mask) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("query_normalized_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
+        "int seed, Tensor? keep_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("query_normalized_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor od, "
         "Tensor? u, Tensor c, Tensor rd, Tensor ru, Tensor? key_padding_mask, "
         "Tensor? query_padding_mask, bool column, float dropout_p, int seed, Tensor? keep_mask) "
         "-> (Tensor, Tensor, Tensor, Tensor)");

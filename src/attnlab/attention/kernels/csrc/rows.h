@@ -156,6 +156,23 @@ T row_lse(const T* x, const T* bias, int64_t n) {
   return m + std::log(s);
 }
 
+// Column logsumexp c_j over valid queries, for one (b, h): keys as rows of the block, so the
+// column statistics are row statistics. A column without valid queries gets c = 0.
+// query_bias: null without query padding.
+template <typename T>
+void column_lse(const T* q, int64_t q_row, const T* k, int64_t k_row, const T* query_bias,
+                int64_t M, int64_t N, int64_t d, T scale, T* buf, T* c) {
+  const int64_t rows = block_rows(M, N, sizeof(T));
+  for (int64_t j0 = 0; j0 < N; j0 += rows) {
+    const int64_t nb = std::min(rows, N - j0);
+    gemm<T>(false, true, nb, M, d, scale, k + j0 * k_row, k_row, q, q_row, T(0), buf, M);
+    for (int64_t r = 0; r < nb; ++r) {
+      const T lse = row_lse<T>(buf + r * M, query_bias, M);
+      c[j0 + r] = std::isinf(lse) ? T(0) : lse;
+    }
+  }
+}
+
 // The log-weight of a row sweep: x_j + cb_j clamped at 0 (the DNAS log-weight s_j - c_j, see
 // dnas_logit), or x_j as it is (cb null: x already holds the log-weights).
 template <typename T>
@@ -241,107 +258,6 @@ void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
     ld += x[j];
   }
 }
-
-// x_j <- a x_j + b y_j.
-template <typename T>
-void axpby(T a, T* x, T b, const T* y, int64_t n) {
-  using V = Vectorized<T>;
-  const V va(a), vb(b);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size())
-    (va * V::loadu(x + j) + vb * V::loadu(y + j)).store(x + j);
-  for (; j < n; ++j) x[j] = a * x[j] + b * y[j];
-}
-
-// DNAS backward pass 1: x_j <- Pd_j = exp(min(x_j + cb_j, 0) - rd) (cb = key bias - c), and
-// acc_j += Dd Pd_j. rd = +inf (empty row) gives Pd = 0.
-template <typename T>
-void dnas_pass1_row(T* x, const T* cb, T rd, T dd, T* acc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vrd(rd), vdd(dd);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V p = vexp(dnas_logit(V::loadu(x + j), V::loadu(cb + j)) - vrd);
-    p.store(x + j);
-    at::vec::fmadd(vdd, p, V::loadu(acc + j)).store(acc + j);
-  }
-  for (; j < n; ++j) {
-    x[j] = std::exp(std::min(x[j] + cb[j], T(0)) - rd);
-    acc[j] += dd * x[j];
-  }
-}
-
-// HNAS backward pass 1, first sweep: x_j <- Pd_j, pu_j <- Pu_j, acc_j += u Pd_j dP_j;
-// returns (Dd, Du) = (sum_j Pd_j dP_j, sum_j Pu_j dP_j). kb = key bias, cb = key bias - c.
-template <typename T>
-std::pair<T, T> hnas_pass1_row(T* x, T* pu, const T* dp, const T* kb, const T* cb, T rd, T ru,
-                               T u, T* acc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vrd(rd), vru(ru), vu(u);
-  V sd(T(0)), su(T(0));
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V s = V::loadu(x + j), g = V::loadu(dp + j);
-    const V pd = vexp(dnas_logit(s, V::loadu(cb + j)) - vrd), pu_v = vexp(s + V::loadu(kb + j) - vru);
-    pd.store(x + j);
-    pu_v.store(pu + j);
-    sd = at::vec::fmadd(pd, g, sd);
-    su = at::vec::fmadd(pu_v, g, su);
-    at::vec::fmadd(vu * pd, g, V::loadu(acc + j)).store(acc + j);
-  }
-  T dd = hsum(sd), du = hsum(su);
-  for (; j < n; ++j) {
-    const T s = x[j];
-    x[j] = std::exp(std::min(s + cb[j], T(0)) - rd);
-    pu[j] = std::exp(s + kb[j] - ru);
-    dd += x[j] * dp[j];
-    du += pu[j] * dp[j];
-    acc[j] += u * x[j] * dp[j];
-  }
-  return {dd, du};
-}
-
-// HNAS backward pass 1, second sweep: acc_j -= u Dd Pd_j (completing sum_i u Pd (dP - Dd)),
-// and x_j <- W_j = u Pd_j + (1 - u) Pu_j.
-template <typename T>
-void hnas_pass1_finish(T* x, const T* pu, T dd, T u, T* acc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vud(u * dd), vu(u), v1u(T(1) - u);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V pd = V::loadu(x + j);
-    (V::loadu(acc + j) - vud * pd).store(acc + j);
-    (vu * pd + v1u * V::loadu(pu + j)).store(x + j);
-  }
-  for (; j < n; ++j) {
-    acc[j] -= u * dd * x[j];
-    x[j] = u * x[j] + (T(1) - u) * pu[j];
-  }
-}
-
-// Backward pass 2: the full score gradient, in place of dp (= dP_j on entry):
-//   ds_j = Pd_j (u (dP_j - Dd) + e dLdc_j) + (1 - u) Pu_j (dP_j - Du)
-// with Pd_j = exp(min(x_j + cb_j, 0) - rd), Pu_j = exp(x_j + kb_j - ru) (HNAS only: kb non-null), and
-// e = exp(rd) (0 on empty rows), so that Pd_j e = xi_j, the column softmax.
-template <typename T>
-void score_grad_row(const T* x, T* dp, const T* kb, const T* cb, T rd, T ru, T dd, T du, T u,
-                    T e, const T* dldc, int64_t n) {
-  using V = Vectorized<T>;
-  const V vrd(rd), vru(ru), vdd(dd), vdu(du), vu(u), v1u(T(1) - u), ve(e);
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
-    const V s = V::loadu(x + j), g = V::loadu(dp + j);
-    V ds = vexp(dnas_logit(s, V::loadu(cb + j)) - vrd) * (vu * (g - vdd) + ve * V::loadu(dldc + j));
-    if (kb) ds = ds + v1u * vexp(s + V::loadu(kb + j) - vru) * (g - vdu);
-    ds.store(dp + j);
-  }
-  for (; j < n; ++j) {
-    T ds = std::exp(std::min(x[j] + cb[j], T(0)) - rd) * (u * (dp[j] - dd) + e * dldc[j]);
-    if (kb) ds += (T(1) - u) * std::exp(x[j] + kb[j] - ru) * (dp[j] - du);
-    dp[j] = ds;
-  }
-}
-
 
 // x_j *= s_j.
 template <typename T>
