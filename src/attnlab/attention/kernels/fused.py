@@ -1,8 +1,9 @@
 """The fused DNAS / HNAS (and UNAS) CPU kernel (`csrc/query_normalized.cpp`): build, load, autograd.
 
-The kernel computes the column log-sum-exp, both normalizations and the output in one pass over
-blocks of queries, and the exact gradient (including the part through the column sums) in two,
-never holding more than a few (block x S_k) tiles per thread. See the C++ file for the math, and
+The kernel computes the column log-sum-exp, then both normalizations and the output over blocks
+of queries, and the exact gradient (including the part through the column sums) over blocks of
+keys against every query, never holding more than a few such tiles per thread. HNAS also returns
+its DNAS branch's output, which the backward needs for its row sums. See the C++ file for the math, and
 bench/attention.py (WORK_PER_SCORE) for its matrix products and exponentials against flash's.
 Attention dropout runs inside it: a counter-based keep mask (kernels/dropout.py) that the
 backward regenerates from the saved seed. UNAS uses it where ATen's flash kernel does not serve

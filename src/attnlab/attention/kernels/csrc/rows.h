@@ -78,8 +78,9 @@ T dot(const T* x, const T* y, int64_t n) {
   return s;
 }
 
-// Rows of queries (or keys) per block: a block of rows x width scores stays in L2 (with its
-// companions dP and Pu).
+// Rows of queries (or keys) per block of rows x width scores: about 2 MiB per buffer (a block
+// and its companions, dP and W, stay in the cache hierarchy; tall blocks keep the products
+// efficient). The backward asks for keys per block (width S_q; its blocks are stored query-major).
 int64_t block_rows(int64_t width, int64_t total, int64_t elem_bytes) {
   const int64_t budget = 2048 * 1024;  // bytes per buffer; measured: 1-4 MiB equally fast, 96 KiB 20% slower
   const int64_t rows = std::clamp<int64_t>(budget / std::max<int64_t>(1, width * elem_bytes), 8, 256);
