@@ -72,8 +72,9 @@ WORK_PER_SCORE = """\
 mm: flash fwd QK^T, PV; bwd QK^T, dP = g V^T, dV = P^T g, dQ = dS K, dK = dS^T Q. DNAS adds the
 column pass (KQ^T, column LSE) in the forward; its backward runs over blocks of keys against
 every query, so the column sums behind the gradient through the column LSE are complete in a
-block and the backward's products are flash's five (csrc/columns.h). HNAS's P V product has
-twice the width ([V | b V]: both branches' outputs, whose row sums g . O the backward needs),
+block and the backward's products are flash's five (csrc/backward.h). HNAS's P V product has
+twice the width ([V | b V]: both branches' outputs, whose row sums g . O the backward needs;
+the forward timed alone, without gradients, mixes the weights before one P V product: 3 mm),
 and it gets its UNAS weights from the DNAS ones without an exp (Pu = Pd a_i b_j, csrc/fold.h).
 Before (two query-block passes in the backward): DNAS 3 + 6, HNAS 3 + 7 mm, 4 exp each.
 """

@@ -347,6 +347,30 @@ def test_fused_hnas_on_both_sides_of_the_fold_range(logit_scale):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("logit_scale", [1.0, 60.0], ids=["fold", "two_exponentials"])
+def test_fused_hnas_forward_without_a_backward_to_come(logit_scale, dropout_p):
+    """Where no input needs a gradient, the fused HNAS forward mixes the weights before one P V
+    product and skips its DNAS branch's output (od): the same output as with gradients (same
+    dropout seed), on both sides of the fold range, with padding."""
+    assert fused.load()
+    q, k, v, u, kpm, qpm = make_inputs(B=3, S_q=9, S_k=6, d=4, d_v=3, dtype=torch.float64,
+                                       seed=22, logit_scale=logit_scale)
+
+    def run():
+        return fused.query_normalized_attend(q, k, v, u, kpm, qpm, dropout_p, seed=5)
+
+    with torch.no_grad():
+        mixed = run()
+    q.requires_grad_()
+    with_branch = run()
+    assert with_branch.grad_fn is not None
+    torch.testing.assert_close(mixed, with_branch.detach(), atol=1e-13, rtol=1e-12)
+    if dropout_p == 0.0:
+        ref = reference_attend(q.detach(), k, v, "hnas", kpm, qpm, u=u)
+        torch.testing.assert_close(mixed, ref, atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fused_rows_outweighed_in_every_column(dtype):
     """The fused forward exponentiates the DNAS log-weights s_ij - c_j <= 0 without a row

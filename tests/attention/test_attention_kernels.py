@@ -172,7 +172,7 @@ def test_cpu_kernel_dropout_matches_reference_with_the_same_mask(scheme):
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
 @pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
 def test_cpu_kernel_backward_over_several_key_blocks(scheme, dropout_p):
-    """The fused backward runs over blocks of at most 256 keys against every query (csrc/columns.h):
+    """The fused backward runs over blocks of at most 256 keys against every query (csrc/backward.h):
     603 keys are three blocks, the last with a scalar tail. Values and every gradient (u's too),
     with padding, d_v != d and dropout (the seed's mask, and the same mask given explicitly),
     against the float64 reference with that mask."""

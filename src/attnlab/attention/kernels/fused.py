@@ -37,7 +37,7 @@ from attnlab.attention.kernels import dropout
 FOLD_RANGE = 60.0
 
 SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
-HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "columns.h", "dropout.h"))
+HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "backward.h", "dropout.h"))
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.
@@ -107,8 +107,12 @@ class _FusedAttention(torch.autograd.Function):
                 keep_mask):
         u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
         u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
+        # HNAS returns its DNAS branch's output too (od) when a backward may follow; without one
+        # it mixes the weights before a single P V product, a quarter less work
+        save_branch = u is not None and any(ctx.needs_input_grad[:4])
         out, od, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
-            q, k, v, u_bh, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask
+            q, k, v, u_bh, key_padding_mask, query_padding_mask, column, save_branch, dropout_p,
+            seed, keep_mask
         )
         # the backward's row sums g_i . out_i come from the output (HNAS: and from od, the
         # output of its DNAS branch), so that it needs no g v^T product for them

@@ -68,6 +68,18 @@ void exp_sum_dot(T* x, const T* cb, T m, const T* b, int64_t n, T& ld, T& lu) {
   }
 }
 
+// x_j <- x_j (alpha + beta b_j): from ed to the mixed weights W (alpha = u / ld, beta = (1 - u) / lu;
+// a forward with no backward to come, which needs no od).
+template <typename T>
+void mix_row(T* x, const T* b, T alpha, T beta, int64_t n) {
+  using V = Vectorized<T>;
+  const V va(alpha), vb(beta);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size())
+    (V::loadu(x + j) * at::vec::fmadd(vb, V::loadu(b + j), va)).store(x + j);
+  for (; j < n; ++j) x[j] *= alpha + beta * b[j];
+}
+
 // VV = [V | b V] (n x 2 dv), whose product with the DNAS weights ed gives, per row, ld Od and
 // lu Ou: both branches' outputs from one product.
 template <typename T>

@@ -20,10 +20,11 @@
 //   dq = scale ds k,  dk = scale ds^T q,  dv = W~^T g,  du = sum_i (Dd_i - Du_i)
 //
 // The forward saves what the row sums need: out (DNAS and UNAS: Od = out) and, for HNAS, Od
-// (one product of width 2 d_v against [V | b V], fold.h), so Dd_i = g_i . Od_i and
+// (one product of width 2 d_v against [V | b V], fold.h; without a backward to come, save_branch
+// = false, it mixes W before one product of width d_v instead), so Dd_i = g_i . Od_i and
 // (1 - u) Du_i = g_i . out_i - u Dd_i cost no product. The backward then runs over blocks of
 // keys against every query, so that the column sums behind dL/dc_j are complete within a
-// block: s and dP are computed once, and two sweeps (columns.h) give W~ and dL/dc, then ds.
+// block: s and dP are computed once, and two sweeps (backward.h) give W~ and dL/dc, then ds.
 // Matrix products per score: forward DNAS 3 (column pass, s, W v), HNAS 4 (width 2 d_v), backward
 // 5 (s, g v^T, W~^T g, ds^T q, ds k); flash 2 + 5. Exponentials: 2 + 1 (column pass, rows;
 // sweep A), flash 1 + 1: Pu = Pd a_i b_j (fold.h; own exponentials when the c_j span > 60).
@@ -42,22 +43,25 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "columns.h"
+#include "backward.h"
 #include "dropout.h"
+#include "fold.h"
 
 namespace {
 
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& kpm,
-                  const std::optional<at::Tensor>& qpm, bool column, const Dropout& drop,
-                  at::Tensor& out, at::Tensor& od, at::Tensor& c, at::Tensor& rd, at::Tensor& ru) {
+                  const std::optional<at::Tensor>& qpm, bool column, bool save_branch,
+                  const Dropout& drop, at::Tensor& out, at::Tensor& od, at::Tensor& c,
+                  at::Tensor& rd, at::Tensor& ru) {
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), d = q.size(3),
                 dv = v.size(3);
   const bool hybrid = u.has_value();
   const T scale = T(1) / std::sqrt(T(d));
   const Slice<T> Q(q), K(k), V(v), O(out);
-  const std::optional<Slice<T>> OD = hybrid ? std::optional<Slice<T>>(od) : std::nullopt;
+  const bool branch = hybrid && save_branch;  // HNAS for a backward: od too
+  const std::optional<Slice<T>> OD = branch ? std::optional<Slice<T>>(od) : std::nullopt;
   T* c_all = c.data_ptr<T>();
   T* rd_all = rd.data_ptr<T>();
   T* ru_all = hybrid ? ru.data_ptr<T>() : nullptr;
@@ -71,7 +75,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     // 1 / (row sums) of the DNAS (or UNAS) and, for HNAS, the UNAS weights; 0 on empty rows
     std::vector<T> row_scale(rows), row_scale_u(hybrid ? rows : 0);
     // HNAS: [V | b V] (fold.h: Pu = Pd a_i b_j) and the block's two products with it
-    std::vector<T> bfac(hybrid ? N : 0), VV(hybrid ? N * 2 * dv : 0), OO(hybrid ? rows * 2 * dv : 0);
+    std::vector<T> bfac(hybrid ? N : 0), VV(branch ? N * 2 * dv : 0), OO(branch ? rows * 2 * dv : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       padding_bias<T>(kpm, b, N, kbias.data());
@@ -91,7 +95,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
       T cmax = 0;
       const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
-      if (fold) fold_values<T>(vs, V.row, bfac.data(), N, dv, VV.data());
+      if (fold && branch) fold_values<T>(vs, V.row, bfac.data(), N, dv, VV.data());
 
       for (int64_t i0 = 0; i0 < M; i0 += rows) {
         const int64_t nb = std::min(rows, M - i0);
@@ -169,7 +173,15 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           }
         }
         T* ob = os + i0 * O.row;
-        if (!hybrid) {
+        if (hybrid && !branch) {  // no backward to come: W = u Pd + (1 - u) Pu, then one product
+          for (int64_t r = 0; r < nb; ++r) {
+            const T wd = uu * row_scale[r], wu = (T(1) - uu) * row_scale_u[r];
+            if (fold) mix_row<T>(X.data() + r * N, bfac.data(), wd, wu, N);
+            else axpby<T>(wd, X.data() + r * N, wu, E.data() + r * N, N);
+            row_scale[r] = T(1);
+          }
+        }
+        if (!branch) {
           gemm<T>(false, false, nb, dv, N, T(1), X.data(), N, vs, V.row, T(0), ob, O.row);
           for (int64_t r = 0; r < nb; ++r)
             for (int64_t f = 0; f < dv; ++f) ob[r * O.row + f] *= row_scale[r];
@@ -201,120 +213,6 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   });
 }
 
-template <typename T>
-void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
-                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& od,
-                   const std::optional<at::Tensor>& u, const at::Tensor& c, const at::Tensor& rd,
-                   const at::Tensor& ru, const std::optional<at::Tensor>& kpm, bool column,
-                   const Dropout& drop, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                   at::Tensor& du) {
-  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), d = q.size(3),
-                dvs = v.size(3);
-  const bool hybrid = u.has_value();
-  const T scale = T(1) / std::sqrt(T(d));
-  const Slice<T> G(g), Q(q), K(k), Vv(v), O(out), DQ(dq), DK(dk), DV(dv);
-  const std::optional<Slice<T>> OD = hybrid ? std::optional<Slice<T>>(od) : std::nullopt;
-  const T* c_all = c.data_ptr<T>();
-  const T* rd_all = rd.data_ptr<T>();
-  const T* ru_all = hybrid ? ru.data_ptr<T>() : nullptr;
-  const T* u_all = hybrid ? u->data_ptr<T>() : nullptr;
-  T* du_all = hybrid ? du.data_ptr<T>() : nullptr;
-  const int64_t cols = block_rows(M, N, sizeof(T));  // keys per block
-
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    // X: scores, then Pd (P for UNAS); D: dP, then dP~, then ds; W: W~ (HNAS or dropout)
-    const bool own_w = column && (hybrid || drop.active());
-    std::vector<T> X(M * cols), D(M * cols), W(own_w ? M * cols : 0), keep(drop.active() ? cols : 0);
-    std::vector<T> kbias(N), cbias(N), bfac(hybrid ? N : 0), col(cols), dldc(cols);
-    std::vector<T> Dd(M), Du(M), Eu(hybrid ? M : 0), a(hybrid ? M : 0), e(column ? M : 0);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const T *gs = G.at(b, h), *qs = Q.at(b, h), *ks = K.at(b, h), *vs = Vv.at(b, h);
-      T *dqs = DQ.at(b, h), *dks = DK.at(b, h), *dvv = DV.at(b, h);
-      const T* cs = c_all + bh * N;
-      const T* rds = rd_all + bh * M;
-      const T* rus = hybrid ? ru_all + bh * M : nullptr;
-      const T uu = hybrid ? u_all[bh] : T(1);
-      padding_bias<T>(kpm, b, N, kbias.data());
-      for (int64_t j = 0; j < N; ++j) cbias[j] = kbias[j] - cs[j];
-      T cmax = 0;  // the forward's choice, from the same c and padding
-      const bool fold = hybrid && fold_factors<T>(cs, kbias.data(), N, bfac.data(), cmax);
-      const Mix mix = !hybrid ? Mix::none : fold ? Mix::fold : Mix::exp;
-      // Row sums from the saved outputs (dropout included): D_i = g_i . out_i; HNAS Dd_i =
-      // g_i . Od_i and Eu_i = g_i . out_i - u Dd_i = (1 - u) Du_i.
-      for (int64_t i = 0; i < M; ++i) {
-        const T go = dot(gs + i * G.row, O.at(b, h) + i * O.row, dvs);
-        Dd[i] = hybrid ? dot(gs + i * G.row, OD->at(b, h) + i * OD->row, dvs) : go;
-        Du[i] = T(0);
-        if (hybrid) {
-          Eu[i] = go - uu * Dd[i];
-          a[i] = fold ? fold_row_factor(cmax, rds[i], rus[i]) : T(0);
-        }
-        if (column) e[i] = std::isinf(rds[i]) ? T(0) : std::exp(rds[i]);  // rd <= log N
-      }
-
-      for (int64_t j0 = 0; j0 < N; j0 += cols) {
-        const int64_t nj = std::min(cols, N - j0);
-        gemm<T>(false, true, M, nj, d, scale, qs, Q.row, ks + j0 * K.row, K.row, T(0), X.data(), nj);
-        gemm<T>(false, true, M, nj, dvs, T(1), gs, G.row, vs + j0 * Vv.row, Vv.row, T(0), D.data(), nj);
-        const T* keep_row = drop.active() ? keep.data() : nullptr;
-        if (!column) {  // UNAS: ds = P (dP~ - D), X <- P~
-          for (int64_t i = 0; i < M; ++i) {
-            if (keep_row) drop.row<T>(bh, i, keep.data(), j0, nj);
-            unas_grad_row<T>(X.data() + i * nj, D.data() + i * nj, kbias.data() + j0, rds[i],
-                             Dd[i], keep_row, nj);
-          }
-        } else {
-          GradRow<T> r{};
-          r.u = uu;
-          r.cb = cbias.data() + j0;
-          r.kb = kbias.data() + j0;
-          r.b = hybrid ? bfac.data() + j0 : nullptr;
-          std::fill(col.begin(), col.begin() + nj, T(0));
-          auto row = [&](int64_t i) {  // the row's scalars
-            r.rd = rds[i], r.dd = Dd[i], r.e = e[i];
-            if (hybrid) r.ru = rus[i], r.a = a[i], r.eu = Eu[i];
-          };
-          for (int64_t i = 0; i < M; ++i) {
-            row(i);
-            if (keep_row) drop.row<T>(bh, i, keep.data(), j0, nj);
-            r.keep = keep_row;
-            T* x = X.data() + i * nj;
-            T* dp = D.data() + i * nj;
-            T* w = own_w ? W.data() + i * nj : nullptr;
-            switch (mix) {
-              case Mix::none: grad_sweep_a<T, Mix::none>(r, x, dp, w, col.data(), nj); break;
-              case Mix::fold: Du[i] += grad_sweep_a<T, Mix::fold>(r, x, dp, w, col.data(), nj); break;
-              case Mix::exp: Du[i] += grad_sweep_a<T, Mix::exp>(r, x, dp, w, col.data(), nj); break;
-            }
-          }
-          for (int64_t t = 0; t < nj; ++t) dldc[t] = -uu * col[t];
-          for (int64_t i = 0; i < M; ++i) {
-            row(i);
-            const T* x = X.data() + i * nj;
-            T* dp = D.data() + i * nj;
-            switch (mix) {
-              case Mix::none: grad_sweep_b<T, Mix::none>(r, x, dp, dldc.data(), nj); break;
-              case Mix::fold: grad_sweep_b<T, Mix::fold>(r, x, dp, dldc.data(), nj); break;
-              case Mix::exp: grad_sweep_b<T, Mix::exp>(r, x, dp, dldc.data(), nj); break;
-            }
-          }
-        }
-        // dv_J = W~^T g, dk_J = scale ds^T q, dq += scale ds k_J
-        const T* wt = own_w ? W.data() : X.data();
-        gemm<T>(true, false, nj, dvs, M, T(1), wt, nj, gs, G.row, T(0), dvv + j0 * DV.row, DV.row);
-        gemm<T>(true, false, nj, d, M, scale, D.data(), nj, qs, Q.row, T(0), dks + j0 * DK.row, DK.row);
-        gemm<T>(false, false, M, d, nj, scale, D.data(), nj, ks + j0 * K.row, K.row, T(1), dqs, DQ.row);
-      }
-      if (hybrid) {
-        T acc = 0;
-        for (int64_t i = 0; i < M; ++i) acc += Dd[i] - Du[i];
-        du_all[bh] = acc;
-      }
-    }
-  });
-}
-
 // ---- operators ----------------------------------------------------------------------------
 
 std::vector<at::Tensor> check_inputs(const at::Tensor& q, const at::Tensor& k,
@@ -333,8 +231,8 @@ std::vector<at::Tensor> check_inputs(const at::Tensor& q, const at::Tensor& k,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& u, const std::optional<at::Tensor>& key_padding_mask,
-    const std::optional<at::Tensor>& query_padding_mask, bool column, double dropout_p,
-    int64_t seed, const std::optional<at::Tensor>& keep_mask) {
+    const std::optional<at::Tensor>& query_padding_mask, bool column, bool save_branch,
+    double dropout_p, int64_t seed, const std::optional<at::Tensor>& keep_mask) {
   auto qkv = check_inputs(q_in, k_in, v_in);
   const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
   TORCH_CHECK(column || !u.has_value(), "UNAS (column=false) takes no u");
@@ -345,11 +243,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_forwar
   at::Tensor c = at::empty({B, H, N}, q.options());
   at::Tensor rd = at::empty({B, H, M}, q.options());
   at::Tensor ru = u.has_value() ? at::empty({B, H, M}, q.options()) : at::empty({0}, q.options());
-  // HNAS: the DNAS branch's output, for the backward (empty otherwise)
-  at::Tensor od = u.has_value() ? at::empty_like(out) : at::empty({0}, q.options());
+  // HNAS with save_branch: the DNAS branch's output, for the backward (empty otherwise)
+  at::Tensor od = u.has_value() && save_branch ? at::empty_like(out) : at::empty({0}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "qn_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, u, key_padding_mask, query_padding_mask, column, drop, out, od,
-                           c, rd, ru);
+    forward_impl<scalar_t>(q, k, v, u, key_padding_mask, query_padding_mask, column, save_branch,
+                           drop, out, od, c, rd, ru);
   });
   return {out, od, c, rd, ru};
 }
@@ -382,8 +280,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qn_backward(
 
 TORCH_LIBRARY(attnlab, m) {
   m.def("query_normalized_forward(Tensor q, Tensor k, Tensor v, Tensor? u, "
-        "Tensor? key_padding_mask, Tensor? query_padding_mask, bool column, float dropout_p, "
-        "int seed, Tensor? keep_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "Tensor? key_padding_mask, Tensor? query_padding_mask, bool column, bool save_branch, "
+        "float dropout_p, int seed, Tensor? keep_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("query_normalized_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor od, "
         "Tensor? u, Tensor c, Tensor rd, Tensor ru, Tensor? key_padding_mask, "
         "Tensor? query_padding_mask, bool column, float dropout_p, int seed, Tensor? keep_mask) "

@@ -260,6 +260,17 @@ void two_exp_sum(T* x, const T* c, T mu, T md, T* e, int64_t n, T& lu, T& ld) {
   }
 }
 
+// x_j <- a x_j + b y_j.
+template <typename T>
+void axpby(T a, T* x, T b, const T* y, int64_t n) {
+  using V = Vectorized<T>;
+  const V va(a), vb(b);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size())
+    (va * V::loadu(x + j) + vb * V::loadu(y + j)).store(x + j);
+  for (; j < n; ++j) x[j] = a * x[j] + b * y[j];
+}
+
 // x_j *= s_j.
 template <typename T>
 void mul_row(T* x, const T* s, int64_t n) {
