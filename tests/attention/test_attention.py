@@ -349,25 +349,35 @@ def test_fused_hnas_on_both_sides_of_the_fold_range(logit_scale):
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
 @pytest.mark.parametrize("logit_scale", [1.0, 60.0], ids=["fold", "two_exponentials"])
-def test_fused_hnas_forward_without_a_backward_to_come(logit_scale, dropout_p):
-    """Where no input needs a gradient, the fused HNAS forward mixes the weights before one P V
-    product and skips its DNAS branch's output (od): the same output as with gradients (same
-    dropout seed), on both sides of the fold range, with padding."""
+def test_fused_hnas_forward_without_a_backward_to_come(logit_scale, dropout_p, monkeypatch):
+    """Under no_grad (evaluation: the inputs still require gradients) the fused HNAS forward mixes
+    the weights before one P V product and returns no DNAS-branch output (od): the same output
+    as with gradients (same dropout seed), on both sides of the fold range, with padding."""
     assert fused.load()
     q, k, v, u, kpm, qpm = make_inputs(B=3, S_q=9, S_k=6, d=4, d_v=3, dtype=torch.float64,
                                        seed=22, logit_scale=logit_scale)
+    for t in (q, k, v, u):
+        t.requires_grad_()
+    kernel = torch.ops.attnlab.query_normalized_forward
+    od_sizes = []
+
+    def spy(*args):
+        results = kernel(*args)
+        od_sizes.append(results[1].numel())
+        return results
+
+    monkeypatch.setattr(torch.ops.attnlab, "query_normalized_forward", spy)
 
     def run():
         return fused.query_normalized_attend(q, k, v, u, kpm, qpm, dropout_p, seed=5)
 
     with torch.no_grad():
         mixed = run()
-    q.requires_grad_()
     with_branch = run()
-    assert with_branch.grad_fn is not None
+    assert od_sizes[0] == 0 and od_sizes[1] == with_branch.numel()
     torch.testing.assert_close(mixed, with_branch.detach(), atol=1e-13, rtol=1e-12)
     if dropout_p == 0.0:
-        ref = reference_attend(q.detach(), k, v, "hnas", kpm, qpm, u=u)
+        ref = reference_attend(q.detach(), k.detach(), v.detach(), "hnas", kpm, qpm, u=u.detach())
         torch.testing.assert_close(mixed, ref, atol=1e-12, rtol=1e-10)
 
 

@@ -104,12 +104,9 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed,
-                keep_mask):
+                keep_mask, save_branch):
         u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
         u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
-        # HNAS returns its DNAS branch's output too (od) when a backward may follow; without one
-        # it mixes the weights before a single P V product, a quarter less work
-        save_branch = u is not None and any(ctx.needs_input_grad[:4])
         out, od, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
             q, k, v, u_bh, key_padding_mask, query_padding_mask, column, save_branch, dropout_p,
             seed, keep_mask
@@ -134,7 +131,7 @@ class _FusedAttention(torch.autograd.Function):
         grad_u = None
         if ctx.u_shape is not None and ctx.needs_input_grad[3]:
             grad_u = du[..., None, None].sum_to_size(ctx.u_shape)
-        return dq, dk, dv, grad_u, None, None, None, None, None, None
+        return dq, dk, dv, grad_u, None, None, None, None, None, None, None
 
 
 def _apply(q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask):
@@ -143,7 +140,13 @@ def _apply(q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, 
     if dropout_p > 0.0 and keep_mask is None and seed is None:
         seed = dropout.draw_seed()
     keep_mask = None if keep_mask is None or dropout_p == 0.0 else keep_mask.contiguous()
-    return _FusedAttention.apply(q, k, v, u, *masks, column, dropout_p, int(seed or 0), keep_mask)
+    # HNAS returns its DNAS branch's output too (od) when a backward may follow; without one
+    # (no_grad, or no input needing a gradient) it mixes the weights before a single P V product,
+    # a quarter less forward work. (Inside forward, ctx.needs_input_grad ignores no_grad.)
+    save_branch = u is not None and torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, u))
+    return _FusedAttention.apply(q, k, v, u, *masks, column, dropout_p, int(seed or 0), keep_mask,
+                                 save_branch)
 
 
 def query_normalized_attend(
