@@ -81,15 +81,35 @@ def spied_paths(monkeypatch):
 
 
 @pytest.mark.parametrize(("device", "scheme", "dropout_p", "expected"), [
-    ("cpu", "unas", 0.0, "sdpa"), ("cpu", "unas", 0.2, "fused_cpu"), ("cpu", "hnas", 0.2, "fused_cpu"),
-    ("cuda", "unas", 0.0, "sdpa"), ("cuda", "dnas", 0.2, "triton"),  # sinkhorn on cuda: test_flex_paths.py
+    # padded UNAS on the CPU: SDPA declines, the fused kernel serves (unpadded: next test)
+    ("cpu", "unas", 0.0, ["sdpa", "fused_cpu"]), ("cpu", "unas", 0.2, ["fused_cpu"]),
+    ("cpu", "hnas", 0.2, ["fused_cpu"]),
+    ("cuda", "unas", 0.0, ["sdpa"]), ("cuda", "dnas", 0.2, ["triton"]),  # sinkhorn on cuda: test_flex_paths.py
 ])
 def test_attend_runs_the_routed_path(device, scheme, dropout_p, expected, spied_paths,
                                      triton_on_cuda, monkeypatch):
     monkeypatch.setattr(paths, "device_type", lambda t: device)
     q, k, v, u, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=1)
     attend(q, k, v, scheme, kpm, qpm, u=u, n_iter=3, dropout_p=dropout_p)
-    assert spied_paths == [expected]
+    assert spied_paths == expected
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_unas_on_the_cpu_takes_the_fused_kernel_unpadded_and_causal_stay_on_flash(
+        causal, spied_paths):
+    """UNAS with padding (not causal) runs on the fused CPU kernel, which takes padding at no cost;
+    without padding, or causal, it stays on ATen's flash kernel. Both match the reference."""
+    q, k, v, _, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=2)
+    inputs = leaf(q, k, v)
+    g_out = torch.randn(2, 1, 6, 8)
+    for masks, expected in (((kpm, qpm), ["sdpa", "fused_cpu"] if not causal else ["sdpa"]),
+                            ((None, None), ["sdpa"])):
+        spied_paths.clear()
+        got = out_and_grads(lambda m=masks: attend(*inputs, "unas", *m, causal=causal), inputs, g_out)
+        assert spied_paths == expected
+        ref = out_and_grads(lambda m=masks: reference_out_causal(*inputs, *m, causal), inputs, g_out)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a.double(), b.double(), atol=1e-5, rtol=0)
 
 
 def test_unas_flash_declines_huge_scores_and_the_fused_kernel_stays_finite(spied_paths):

@@ -135,10 +135,19 @@ def _run_composed(normalizer, call: AttentionCall) -> Tensor | None:
     return composed.hnas_flash(call.q, call.k, call.v, u, *_masks(call))
 
 
+def _run_unas_sdpa(normalizer, call: AttentionCall) -> Tensor | None:
+    # CPU with padding (not causal): the fused kernel, next, takes the padding at no cost and
+    # measured faster than ATen's flash kernel with a mask (docs/results.md, Benchmarks)
+    padded = call.key_padding_mask is not None or call.query_padding_mask is not None
+    if device_type(call.q) == "cpu" and padded and not call.causal and fused.load():
+        return None
+    return sdpa.unas_sdpa(call.q, call.k, call.v, *_masks(call), call.causal, call.dropout_p)
+
+
 UNAS_SDPA = FastPath(
     "sdpa",
     lambda n, device, dtype, p, causal: sdpa.supports("unas", device, dtype, p, causal),
-    lambda n, c: sdpa.unas_sdpa(c.q, c.k, c.v, *_masks(c), c.causal, c.dropout_p),
+    _run_unas_sdpa,
 )
 UNAS_FUSED_CPU = FastPath(
     "fused_cpu", _cpu_fused_supports,
