@@ -39,7 +39,7 @@ METHODS = {
     "dnas_composed": "DNAS composed flash (fallback)",
     "hnas_composed": "HNAS composed flash (fallback)",
     # key and query padding (item b of the batch: its last b S / 32 positions padded)
-    "unas_padded_attend": "UNAS padded, attend (sdpa path)",
+    "unas_padded_attend": "UNAS padded, attend (fused kernel)",
     "unas_padded_sdpa": "UNAS padded, bare SDPA (key mask only)",
     # attention dropout 0.1 (training): the paths attend takes, and the alternatives
     "unas_dropout_fused": "UNAS dropout 0.1, fused kernel (attend)",
@@ -67,7 +67,7 @@ WORK_PER_SCORE = """\
 | flash (SDPA, UNAS) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
 | DNAS fused | 3 mm + 2 exp | 5 mm + 1 exp | 8 mm + 3 exp | 1.14x |
 | HNAS fused | 4 mm + 2 exp | 5 mm + 1 exp | 9 mm + 3 exp | 1.29x |
-| UNAS padded, attend | as flash, + O(S d) | as flash, + O(S d) | 7 mm + 2 exp | 1 |
+| UNAS padded, attend (fused) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
 
 mm: flash fwd QK^T, PV; bwd QK^T, dP = g V^T, dV = P^T g, dQ = dS K, dK = dS^T Q. DNAS adds the
 column pass (KQ^T, column LSE) in the forward; its backward runs over blocks of keys against

@@ -13,7 +13,8 @@ padded, or none left by the causal mask) would be NaN in SDPA: it attends to eve
 and its output row is zeroed afterwards, as are the rows of padded queries, so that nothing
 flows back through them either. The masking code is device-agnostic, so the CPU tests check it.
 
-CPU flash with padding and no causal mask (`_PaddedFlash`): ATen's kernel is called directly
+CPU flash with padding and no causal mask (`_PaddedFlash`; where the fused CPU kernel cannot be
+built: with it, `paths` sends padded non-causal UNAS there, faster): ATen's kernel is called directly
 with the key padding as a (B, 1, 1, S_k) additive bias, and the rows to zero are zeroed in
 its fresh output in place, with their row log-sum-exp set to +inf, so that its backward sees
 P = 0 there and nothing flows back through them. Through SDPA the same took two out-of-place
