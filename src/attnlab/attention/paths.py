@@ -136,8 +136,9 @@ def _run_composed(normalizer, call: AttentionCall) -> Tensor | None:
 
 
 def _run_unas_sdpa(normalizer, call: AttentionCall) -> Tensor | None:
-    # CPU with padding (not causal): the fused kernel, next, takes the padding at no cost and
-    # measured faster than ATen's flash kernel with a mask (docs/results.md, Benchmarks)
+    # CPU with a padding mask (task batches usually carry one), not causal: the fused kernel,
+    # next, takes the padding at no cost and measured faster than ATen's flash kernel with a
+    # mask (docs/results.md, Benchmarks)
     padded = call.key_padding_mask is not None or call.query_padding_mask is not None
     if device_type(call.q) == "cpu" and padded and not call.causal and fused.load():
         return None
