@@ -164,6 +164,7 @@ def test_help_lists_the_new_task(checkout):
     assert "toy" in task_line and "vqa" in task_line, task_line
 
 
+@pytest.mark.slow  # a nested pytest of the CLI matrix (~65 s): the default suite stays under 10 min
 def test_the_cli_matrix_runs_every_scheme_in_the_new_task(checkout):
     proc = run(checkout, "-m", "pytest", "tests/e2e/test_cli.py", "-k", "every_registered_scheme and toy",
                "-n0", "-p", "no:cacheprovider", "-q", "--no-header")
