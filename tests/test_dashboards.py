@@ -97,5 +97,5 @@ def test_spec_only_from_a_sweep_dir_needs_no_server(tmp_path, monkeypatch):
               ["sections"][0]["panels"]]
     assert titles == ["val/rougeL (headline)", "test/rougeL (headline)", "train/loss"]
     tables = [b["content"] for b in spec["report"]["blocks"] if b["type"] == "markdown-block"]
-    assert len(tables) == 1 and "| model=hnas task=headline | 1 | 0 | 0.2500 |" in tables[0]  # attnlab.report
+    assert len(tables) == 1 and "| model=hnas task=headline | 1 | 0 | 0.2500 |" in tables[0]  # attnlab.study.report
     assert dashboards.main(["--entity", ENTITY, "--tasks", "nope", "--spec-only", str(out)]) == 2

@@ -1,7 +1,7 @@
 """Task cards: what the rest of the repository knows about a task, read from its own config.
 
 A task is `tasks/<name>/` plus `conf/task/<name>.yaml`; the YAML's `task.card` node says what tests,
-`attnlab.reproduce` and the dashboards need to know (tiny test settings, whether the forward gives
+`attnlab.study.reproduce` and the dashboards need to know (tiny test settings, whether the forward gives
 class logits, the override that gives it several heads, the claims it enters). Nothing else lists
 tasks: they are discovered here, from `conf/task/*.yaml`.
 """
@@ -35,12 +35,12 @@ class Card:
     encoder_layers: str | None = None
     # overrides that shrink the task to seconds; "{fixtures}" stands for tests/fixtures
     tiny: tuple[str, ...] = ()
-    # attnlab.reproduce
+    # attnlab.study.reproduce
     claims: tuple[str, ...] = ()
     in_quick: bool = False
-    quick: tuple[str, ...] = ()
+    quick: tuple[str, ...] | None = None  # None: the generic quick settings; () none at all
     preset: str | None = None
-    # the few metrics (besides optimized_metric) that attnlab.report and compare show by default
+    # the few metrics (besides optimized_metric) that attnlab.study.report and compare show by default
     metrics: tuple[str, ...] = ()
     # the metrics.json key of the task's trivial baseline (majority class, unigram, chance, lead)
     # on the same split as optimized_metric: a run that does not beat it "did not learn"
@@ -69,7 +69,8 @@ def read_card(path: Path) -> Card:
         classification=bool(card.get("classification", False)),
         multi_head=tuple(card.get("multi_head") or ()), encoder_layers=card.get("encoder_layers"),
         tiny=tuple(card.get("tiny") or ()), claims=tuple(reproduce.get("claims") or ()),
-        in_quick=bool(reproduce.get("in_quick", False)), quick=tuple(reproduce.get("quick") or ()),
+        in_quick=bool(reproduce.get("in_quick", False)),
+        quick=None if reproduce.get("quick") is None else tuple(reproduce.get("quick")),
         preset=reproduce.get("preset"), metrics=tuple(card.get("metrics") or ()),
         baseline=card.get("baseline"),
     )

@@ -6,7 +6,7 @@ Sections (every curve and bar grouped by `model.name`: mean and standard error o
 metrics (from each task's `optimized_metric`: val curves, test bars, train/loss), HNAS `u` per
 layer and head, explained away, head interaction, calibration. `--group` (a sweep's W&B group, the
 name of its `outputs/multirun/<dir>`) restricts the view to that sweep and adds a report;
-`--sweep-dir` takes the group, the tasks and the `attnlab.report` table from a local sweep dir.
+`--sweep-dir` takes the group, the tasks and the `attnlab.study.report` table from a local sweep dir.
 Saving needs a W&B server (`wandb login`); `--spec-only FILE` writes the JSON without one.
 Needs the optional extra: pip install 'attnlab[dashboards]' (wandb-workspaces).
 
@@ -189,8 +189,8 @@ def save(entity: str, project: str, tasks: dict[str, str], group: str | None = N
 
 # ----------------------------------------------------------------------------- command line
 def sweep_contents(sweep_dir: Path) -> tuple[dict[str, str], str]:
-    """{task: optimized_metric} of a local sweep's jobs, and its attnlab.report table."""
-    from attnlab import report
+    """{task: optimized_metric} of a local sweep's jobs, and its attnlab.study.report table."""
+    from attnlab.study import report
 
     jobs = report.load_jobs(sweep_dir)
     tasks = {j["task"]: j["optimized_metric"] for j in jobs if j.get("status") == "ok" and j.get("optimized_metric")}

@@ -40,7 +40,7 @@ from attnlab.errors import (
     user_error_message,
 )
 from attnlab.files import atomic_write_text
-from attnlab.report import METRICS_FILE
+from attnlab.study.evidence import METRICS_FILE
 from attnlab.task_module import build_module
 
 

@@ -1,7 +1,7 @@
 """Claim: explaining away in a pretrained Transformer (DNAS paper, Sec. 3: epsilon-explained-away).
 
 classify's own claim for `python -m attnlab.reproduce` (its card lists this module in
-`task.card.reproduce.claims`; attnlab.reproduce.registry imports it by name). The paper's
+`task.card.reproduce.claims`; attnlab.study.reproduce.registry imports it by name). The paper's
 argument starts from UNAS (softmax over keys) leaving keys with a column sum below 1e-8 -- no
 query attends to them -- and DNAS's lemma keeping every column sum >= 1/S. Here it is measured on
 real weights: the packaged 6-layer BERT (MiniLM-L6, bert-base-uncased vocabulary) on real text
@@ -14,8 +14,9 @@ real weights: the packaged 6-layer BERT (MiniLM-L6, bert-base-uncased vocabulary
 Numbers: the share of keys whose column sum is below 1e-8 and 1e-3, the minimum column sum x S
 (>= 1 is the DNAS lemma's bound, u for HNAS), HNAS's u, and the histograms of log10 column sums
 (`pretrained_explaining_away.png`; every (layer, head) in `pretrained_explaining_away.csv`).
-Verdict: holds when the pretrained UNAS model has keys below 1e-8 (the paper's premise on real
-weights) and the fine-tuned HNAS model has fewer such keys than the fine-tuned UNAS one.
+Verdict (`judge`): *not tested* when the pretrained UNAS model has no key below 1e-8 (the paper's
+premise absent on real weights: the mechanism never engages); otherwise *holds* when the
+fine-tuned HNAS model has fewer such keys than the fine-tuned UNAS one, *contradicted* when not.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from omegaconf import OmegaConf
 from rich.progress import Progress
 
 from attnlab.attention import AttentionSpec
-from attnlab.reproduce.plan import Plan, Run
-from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, ClaimResult, Results, not_run
+from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, ClaimResult, Run, not_tested
 from tasks.classify.pretrained import load_pretrained_bert
 from tasks.classify.pretrained_stats import (
     THRESHOLDS,
@@ -55,12 +55,12 @@ QUICK = ("++trainer.limit_train_batches=20", "++trainer.limit_val_batches=4", "+
 TEXTS = {"quick": 64, "full": 512, "gpu": 512}
 
 
-def _extra(plan: Plan) -> tuple[str, ...]:
+def _extra(plan) -> tuple[str, ...]:
     return FINE_TUNE + (QUICK if plan.mode == "quick" else ())
 
 
-def runs(plan: Plan) -> list[Run]:
-    return [Run("classify", model, seed, _extra(plan)) for model in MODELS for seed in plan.seeds]
+def runs(plan) -> list[Run]:
+    return [plan.run("classify", model, seed, _extra(plan)) for model in MODELS for seed in plan.seeds]
 
 
 def real_texts(root: Path) -> list[str]:
@@ -137,19 +137,30 @@ def plot(path: Path, measured: dict[str, list[HeadColumns]]) -> Path:
     return path
 
 
-def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
+def judge(premise: bool, tuned: bool, fewer: bool) -> tuple[str, str]:
+    """(verdict, reason): the premise (a pretrained softmax key below 1e-8) is the mechanism;
+    without it nothing is tested; with it, HNAS fine-tuning leaves fewer such keys (holds) or not."""
+    if not premise:
+        return NOT_TESTED, ("mechanism not engaged: no column sum of the pretrained softmax model "
+                            "is below 1e-8 (the paper's premise is absent on these weights)")
+    if not tuned:
+        return NOT_TESTED, "not run: the fine-tuned UNAS and HNAS models are missing"
+    return (HOLDS, "") if fewer else (CONTRADICTED, "")
+
+
+def evaluate(plan, results, out_dir) -> ClaimResult:
     out_dir = Path(out_dir)
     try:
         texts = real_texts(plan.root)
     except (OSError, ValueError) as err:  # DataError is a ValueError; no data and no apt-get
-        return not_run(NAME, TITLE, PAPER, CLAIM, f"no Debian descriptions: {err}")
+        return not_tested(NAME, TITLE, PAPER, CLAIM, f"not run: no Debian descriptions: {err}")
     batches = texts_as_batches(texts, TEXTS[plan.mode])
     if not batches:
-        return not_run(NAME, TITLE, PAPER, CLAIM, "no Debian description fills 128 tokens")
+        return not_tested(NAME, TITLE, PAPER, CLAIM, "not run: no Debian description fills 128 tokens")
     models = {"pretrained (softmax)": load_pretrained_bert("unas")}
     notes = []
     for model in MODELS:
-        run = Run("classify", model, plan.seeds[0], _extra(plan))
+        run = plan.run("classify", model, plan.seeds[0], _extra(plan))
         record = results.get(run)
         if plan.skip_reason("classify"):
             notes.append(f"fine-tuned {model.upper()}: not run ({plan.skip_reason('classify')})")
@@ -169,7 +180,7 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
     below3 = {name: float(np.mean([s.share(1e-3).mean() for s in layers])) for name, layers in measured.items()}
     premise = below["pretrained (softmax)"] > 0
     tuned = {"fine-tuned UNAS", "fine-tuned HNAS"} <= set(below)
-    fewer = tuned and below["fine-tuned HNAS"] < below["fine-tuned UNAS"]
+    verdict, reason = judge(premise, tuned, tuned and below["fine-tuned HNAS"] < below["fine-tuned UNAS"])
     keys = sum(int(s.counts.sum()) for s in measured["pretrained (softmax)"])
     ours = "; ".join(f"{name}: {below[name]} of {keys} (layer, head, key) column sums below 1e-8, "
                      f"{below3[name]:.3%} below 1e-3" for name in measured)
@@ -177,6 +188,6 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM, ours=ours + (". " + "; ".join(notes) if notes else ""),
         setting=(f"{sum(len(b[0]) for b in batches)} Debian descriptions x 128 tokens; "
                  f"fine-tuning: {plan.setting_text('classify')} {' '.join(_extra(plan))}"),
-        seeds=str(plan.seeds[0]), verdict=HOLDS if premise and fewer else NOT_AT_SCALE,
+        seeds=str(plan.seeds[0]), verdict=verdict, reason=reason,
         details="\n".join([*table, "", *[f"- {n}" for n in notes]]), figures=[figure.name],
     )

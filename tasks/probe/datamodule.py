@@ -11,8 +11,18 @@ The trivial baseline of each evaluation split, in the task's units (accuracy), g
     majority   the most frequent class of the training split, predicted everywhere;
     chance     its expected accuracy, the generator's theory (1 / the classes guessed among).
 
+The shortcut of each evaluation split (`<split>/shortcut_acc`): the best simple rule that ignores
+the probe's mechanism (the generator's `shortcut`, scored on the split's rows), or, for a probe
+that gives `shortcut_features` instead (clusters' moments), a multinomial logistic regression
+fitted on the training rows (scikit-learn) and scored on the split. A probe whose schemes do not
+beat it does not test its mechanism (attnlab.compare says so).
+
 A batch is a dict: `inputs` (B, L) long ids or (B, L, d) float points, `targets` (B,) or (B, L)
-long (IGNORE = -100 where nothing is asked), `padding_mask` (B, L) bool, True at padding.
+long (IGNORE = -100 where nothing is asked), `padding_mask` (B, L) bool, True at padding; and,
+where the probe has them (tasks/probe/data.py), `aux_targets` (B, L) (trained, never scored),
+`key_only` / `query_only` (B, L) bool (positions only read / only asking), `slots` (B, L)
+(the slot of each position, -1 elsewhere: the head-collision rate) and `read_at` (B, L) (the entry
+each answer must be read from: the attention weight the mechanism puts there).
 """
 
 from __future__ import annotations
@@ -30,21 +40,25 @@ from tasks.probe.data import IGNORE, REGRESSION, ProbeData, score
 SPLITS = ("train", "val", "test")
 
 
+# the per-row tensors of ProbeData a batch carries, where the probe has them
+BATCH_FIELDS = ("inputs", "targets", "padding_mask", "aux_targets", "key_only", "query_only",
+                "slots", "read_at")
+
+
 class ProbeSplit:
     """The rows of one split; batches are fetched whole (`__getitems__`), not row by row."""
 
     def __init__(self, data: ProbeData, rows: slice) -> None:
-        self.inputs = data.inputs[rows]
-        self.targets = data.targets[rows]
-        self.padding_mask = data.padding_mask[rows]
+        self.fields = {name: getattr(data, name)[rows] for name in BATCH_FIELDS
+                       if getattr(data, name) is not None}
+        self.inputs = self.fields["inputs"]
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return {"inputs": self.inputs[index], "targets": self.targets[index],
-                "padding_mask": self.padding_mask[index]}
+        return {name: value[index] for name, value in self.fields.items()}
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         return {k: v[0] for k, v in self.__getitems__([i]).items()}
@@ -66,6 +80,24 @@ def split_baseline(data: ProbeData, train: slice, rows: slice) -> float:
     targets = data.targets[rows]
     guesses = torch.where(targets == IGNORE, targets, torch.full_like(targets, majority))
     return score(data.target_kind, guesses, targets)
+
+
+def split_shortcut(data: ProbeData, train: slice, rows: slice) -> float | None:
+    """The shortcut's accuracy on `rows` (see the module docstring); None where the probe has
+    no shortcut."""
+    if data.shortcut is not None:
+        return score(data.target_kind, data.shortcut.predictions[rows], data.targets[rows])
+    if data.shortcut_features is None:
+        return None
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    features = data.shortcut_features.double().numpy()
+    fit = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    fit.fit(features[train], data.targets[train].numpy())
+    guesses = torch.from_numpy(fit.predict(features[rows])).long()
+    return score(data.target_kind, guesses, data.targets[rows])
 
 
 class ProbeDataModule(SplitsDataModule):
@@ -96,6 +128,7 @@ class ProbeDataModule(SplitsDataModule):
         self.data: ProbeData | None = None
         self.splits: dict[str, ProbeSplit] = {}
         self.baselines: dict[str, float] = {}
+        self.shortcuts: dict[str, float] = {}
 
     def setup(self, stage: str | None = None) -> None:
         if self.data is not None:
@@ -114,6 +147,9 @@ class ProbeDataModule(SplitsDataModule):
         self.splits = {split: ProbeSplit(self.data, r) for split, r in rows.items()}
         self.baselines = {split: split_baseline(self.data, rows["train"], rows[split])
                           for split in ("val", "test")}
+        shortcuts = {split: split_shortcut(self.data, rows["train"], rows[split])
+                     for split in ("val", "test")}
+        self.shortcuts = {split: value for split, value in shortcuts.items() if value is not None}
 
     def split_data(self, split: str) -> ProbeSplit:
         self.setup()
@@ -132,4 +168,5 @@ class ProbeDataModule(SplitsDataModule):
             "target_kind": data.target_kind,
             "baselines": dict(self.baselines),
             "baseline_name": data.baseline.name,
+            "shortcuts": dict(self.shortcuts),
         }

@@ -19,6 +19,12 @@ vocabulary from the data), and a tree is abandoned as soon as it passes the maxi
 that the probe results sit beside one the field knows.
 
 Trivial baseline ("majority"): the most frequent answer in the data; no closed form (theory None).
+Shortcut ("top operator on every digit"): the expression's top-level operator (its first
+token) applied to all of its digits at once, ignoring the nesting (MED as `apply`; a bare digit
+is its own value): what a model that reads the operators and digits but not the brackets'
+structure can answer, right whenever the nesting does not change the value (0.45 at seq_len=32,
+min_length=8, max_depth=3, max_args=5, and 0.42 at the defaults, against majority's 0.11 and
+0.15, at n=4096, seed 0); theory None.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from tasks.probe.data import (
     ProbeData,
     check_positive,
     majority_predictions,
+    rule,
     score,
 )
 
@@ -129,6 +136,11 @@ def generate(
 
     inputs_t, targets_t = torch.from_numpy(inputs), torch.from_numpy(targets)
     guesses = majority_predictions(targets_t)
+    flat = np.empty(n, dtype=np.int64)
+    for row, tokens in enumerate(inputs[:, 1:].tolist()):
+        digits = [t - DIGIT0 for t in tokens if DIGIT0 <= t < OPERATOR0]
+        top = tokens[0] - OPERATOR0
+        flat[row] = apply(OPERATORS[top], digits) if top >= 0 else digits[0]
     return ProbeData(
         inputs=inputs_t,
         targets=targets_t,
@@ -138,4 +150,6 @@ def generate(
         vocab_size=VOCAB_SIZE,
         baseline=Baseline("majority", guesses, score(SEQUENCE_CLASS, guesses, targets_t), None),
         meta={"lengths": (inputs_t != PAD).sum(dim=1) - 1},
+        shortcut=rule("top operator on every digit", SEQUENCE_CLASS, torch.from_numpy(flat),
+                      targets_t),
     )

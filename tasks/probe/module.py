@@ -1,13 +1,24 @@
 """`ProbeModule`: trains a probe's encoder (`tasks.probe.network.ProbeEncoder`) by cross-entropy.
 
-A sequence-level probe (clusters' count, retrieval's tuple, ListOps' value) is answered at
-position 0; a per-position probe (recall's values, coverage's counts) at every asked position
-(targets IGNORE elsewhere). Logs `train/loss`; `val|test/loss`, `acc` (accuracy over the asked
-answers, the optimized metric `val/acc`), `seq_acc` (sequences whose every asked answer is right;
-equal to `acc` for a sequence-level probe) and `baseline_acc`, the trivial baseline's accuracy on
-the same split (tasks/probe/datamodule.py: majority class or chance), so that a report can tell a
-run that learned from one that did not. `forward(batch)` returns the asked answers' logits and
-labels, which the calibration callback reads.
+A sequence-level probe (unmatched key's colour, head slots' tuple, ListOps' value) is answered at
+position 0; a per-position probe (hub key's and assignment's queries, recall's values) at every
+asked position (targets IGNORE elsewhere). A probe's auxiliary targets (`aux_targets`: unmatched
+key's mirror colours, hub key's extra queries) add their cross-entropy to the training loss and
+are never scored. Logs `train/loss`; `val|test/loss`, `acc` (accuracy over the asked answers, the
+optimized metric `val/acc`), `seq_acc` (sequences whose every asked answer is right; equal to `acc`
+for a sequence-level probe), `answers` (how many answers were scored: with `acc`, what a binomial
+test of "did it learn" needs), `baseline_acc` (the trivial baseline: majority class or chance) and
+`shortcut_acc` (the best simple rule that ignores the mechanism, where the probe has one) on the
+same split (tasks/probe/datamodule.py); `val/acc_auc`, the area under the learning curve: the mean
+of `val/acc` over the validations of the fit so far (at the end of training, over all of them; a
+scheme that learns sooner scores higher at equal final accuracy; a validation outside `fit`, e.g.
+eval.py's, adds no point and logs the fit's area); with slots (head slots), `test/collision_rate`:
+the share of test sequences where two heads' largest attention weight from position 0 in the
+first layer falls on the same slot (redundant heads); with read_at (unmatched key, hub key,
+assignment), `test/target_mass`: the first layer's attention weight, mean over heads and asked
+answers, on the entry each answer must be read from (did the mechanism engage: DNAS's CLS on the
+unmatched key). `forward(batch)` returns the asked answers' logits and labels, which the
+calibration callback reads.
 """
 
 from __future__ import annotations
@@ -17,9 +28,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.trainer.states import TrainerFn
 from torch import Tensor
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 
+from attnlab.attention import attention_modules, record_attention
 from attnlab.errors import ConfigError
 from attnlab.task_module import TaskModule
 from tasks.probe.data import IGNORE, SEQUENCE_CLASS, TOKEN_CLASS
@@ -28,8 +41,31 @@ from tasks.probe.network import ProbeEncoder
 STAGES = ("val", "test")
 
 
+def collisions(weights: Tensor, slots: Tensor) -> Tensor:
+    """(B,) bool: two heads' largest weight from position 0 fall on the same slot.
+    weights (B, H, S_q, S_k) of one layer, slots (B, S_k) the slot of each key (-1: none)."""
+    top = slots.gather(1, weights[:, :, 0].argmax(-1))  # (B, H): the slot each head reads
+    same = (top[:, :, None] == top[:, None, :]) & (top[:, :, None] >= 0)
+    return same.triu(diagonal=1).flatten(1).any(dim=1)
+
+
+def target_mass(weights: Tensor, read_at: Tensor) -> Tensor:
+    """(N,): for each of the N asked positions (read_at >= 0), the attention weight its row puts
+    on the entry it must read, the key at read_at and the value right after it, mean over heads.
+    weights (B, H, S_q, S_k) of one layer, read_at (B, S_q) (tasks/probe/data.py)."""
+    b, q = (read_at >= 0).nonzero(as_tuple=True)
+    k = read_at[b, q]
+    rows = weights[b, :, q]  # (N, H, S_k)
+    mass = rows.gather(2, k[:, None, None].expand(-1, rows.shape[1], 1))
+    after = (k + 1).clamp(max=weights.shape[-1] - 1)
+    mass = mass + rows.gather(2, after[:, None, None].expand(-1, rows.shape[1], 1)) * (
+        k + 1 < weights.shape[-1])[:, None, None]
+    return mass[..., 0].mean(dim=1)
+
+
 class ProbeModule(TaskModule):
-    """`target_kind`, `baselines` ({split: accuracy}) and `baseline_name` come from the data."""
+    """`target_kind`, `baselines` / `shortcuts` ({split: accuracy}) and `baseline_name` come
+    from the data."""
 
     def __init__(
         self,
@@ -40,50 +76,89 @@ class ProbeModule(TaskModule):
         target_kind: str = SEQUENCE_CLASS,
         baselines: Mapping[str, float] | None = None,
         baseline_name: str = "chance",
+        shortcuts: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(net, optimizer, scheduler, hybrid_lr)
         if target_kind not in (SEQUENCE_CLASS, TOKEN_CLASS):
             raise ConfigError(f"a probe run trains a class target, not {target_kind!r}")
         self.target_kind = target_kind
         self.baselines = dict(baselines or {})
-        self.scores = torch.nn.ModuleDict({
-            f"{stage}_{name}": MeanMetric() for stage in STAGES for name in ("acc", "seq_acc")})
+        self.shortcuts = dict(shortcuts or {})
+        metrics = {f"{stage}_{name}": MeanMetric() for stage in STAGES
+                   for name in ("acc", "seq_acc")}
+        metrics |= {f"{stage}_answers": SumMetric() for stage in STAGES}
+        metrics["test_collision_rate"] = MeanMetric()
+        metrics["test_target_mass"] = MeanMetric()
+        self.scores = torch.nn.ModuleDict(metrics)
+        self.curve: list[float] = []  # val/acc at each validation (checkpointed: exact resume)
 
-    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """Logits (N, C) and labels (N,) of the batch's N asked answers (what calibration reads,
-        so evaluation goes through here too)."""
-        logits = self.net(batch["inputs"], batch["padding_mask"])
-        targets = batch["targets"]
+    def logits(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.net(batch["inputs"], batch["padding_mask"], batch.get("key_only"),
+                        batch.get("query_only"))
+
+    def asked(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The logits (N, C) and labels (N,) of the N asked answers."""
         if self.target_kind == SEQUENCE_CLASS:
             return logits[:, 0], targets
         asked = targets != IGNORE
         return logits[asked], targets[asked]
 
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Logits (N, C) and labels (N,) of the batch's N asked answers (what calibration reads,
+        so evaluation goes through here too)."""
+        return self.asked(self.logits(batch), batch["targets"])
+
     def task_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        logits, labels = self(batch)
+        all_logits = self.logits(batch)
+        logits, labels = self.asked(all_logits, batch["targets"])
         loss = F.cross_entropy(logits, labels)
+        aux = batch.get("aux_targets")
+        if aux is not None and bool((aux != IGNORE).any()):
+            loss = loss + F.cross_entropy(all_logits[aux != IGNORE], aux[aux != IGNORE])
         self.log("train/loss", loss, prog_bar=True, batch_size=int(labels.numel()))
         return loss
 
     def _evaluate(self, stage: str, batch: dict[str, Tensor]) -> None:
-        logits, labels = self(batch)
+        if stage == "test" and ("slots" in batch or "read_at" in batch):
+            first = attention_modules(self.net)[0][1]
+            with record_attention([first]) as recorder:
+                logits, labels = self(batch)
+            self._first_layer(next(iter(recorder.records.values())).weights, batch)
+        else:
+            logits, labels = self(batch)
         right = logits.argmax(-1) == labels
         n = int(labels.numel())
         self.log(f"{stage}/loss", F.cross_entropy(logits, labels), batch_size=n, sync_dist=True)
         self.scores[f"{stage}_acc"].update(right.double().mean(), weight=n)
+        self.scores[f"{stage}_answers"].update(float(n))
         if self.target_kind == TOKEN_CLASS:  # the asked answers back in their sequences
             asked = batch["targets"] != IGNORE
             wrong = torch.zeros_like(asked)
             wrong[asked] = ~right
             right = ~wrong.any(dim=1)
         self.scores[f"{stage}_seq_acc"].update(right.double().mean(), weight=len(right))
-        for name in ("acc", "seq_acc"):
+        for name in ("acc", "seq_acc", "answers"):
             self.log(f"{stage}/{name}", self.scores[f"{stage}_{name}"], batch_size=n,
                      prog_bar=name == "acc")
 
-    def _log_baseline(self, stage: str) -> None:
-        if stage in self.baselines:  # a constant of the split, logged beside the metric
+    def _first_layer(self, weights: Tensor, batch: dict[str, Tensor]) -> None:
+        """The test diagnostics of the first layer's attention (B, H, S, S): head collisions on
+        slots, and the weight the asked answers put on the entry they must read."""
+        if "slots" in batch:
+            self.scores["test_collision_rate"].update(
+                collisions(weights, batch["slots"]).double().mean(), weight=len(batch["slots"]))
+            self.log("test/collision_rate", self.scores["test_collision_rate"])
+        if "read_at" in batch:
+            mass = target_mass(weights, batch["read_at"])
+            self.scores["test_target_mass"].update(mass.mean(), weight=mass.numel())
+            self.log("test/target_mass", self.scores["test_target_mass"])
+
+    def _log_constants(self, stage: str) -> None:
+        """The split's baselines, logged beside its metric (constants of the split)."""
+        if stage in self.baselines:
             self.log(f"{stage}/baseline_acc", float(self.baselines[stage]))
+        if stage in self.shortcuts:
+            self.log(f"{stage}/shortcut_acc", float(self.shortcuts[stage]))
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate("val", batch)
@@ -92,7 +167,21 @@ class ProbeModule(TaskModule):
         self._evaluate("test", batch)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_baseline("val")
+        self._log_constants("val")
+        # a point of the curve per validation of the fit only: a validation of its own (eval.py
+        # split=val, head importance's, on a copy that shares the curve) logs the fit's area
+        fitting = self.trainer.state.fn == TrainerFn.FITTING and not self.trainer.sanity_checking
+        if fitting and self.scores["val_acc"].update_count:
+            self.curve.append(float(self.scores["val_acc"].compute()))
+        if self.curve:
+            self.log("val/acc_auc", sum(self.curve) / len(self.curve))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["probe_learning_curve"] = list(self.curve)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.curve = list(checkpoint.get("probe_learning_curve", []))
 
     def on_test_epoch_end(self) -> None:
-        self._log_baseline("test")
+        self._log_constants("test")

@@ -60,8 +60,11 @@ class ProbeEncoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
 
-    def forward(self, inputs: Tensor, padding_mask: Tensor) -> Tensor:
-        """inputs (B, L) ids or (B, L, d) points; padding_mask (B, L) True = padding.
+    def forward(self, inputs: Tensor, padding_mask: Tensor, key_only: Tensor | None = None,
+                query_only: Tensor | None = None) -> Tensor:
+        """inputs (B, L) ids or (B, L, d) points; padding_mask (B, L) True = padding;
+        `key_only` / `query_only` (B, L) True where a position is only read / only asks (a
+        probe's cross-attention inside the sequence: tasks/probe/data.py, roles).
         Returns logits (B, L', num_classes); L' = L + 1 for points (the CLS in front)."""
         if self.points:
             x = self.embed(inputs)
@@ -72,5 +75,9 @@ class ProbeEncoder(nn.Module):
             if self.shift is not None:
                 x = x.masked_fill(padding_mask[..., None], 0.0)
                 x = x + self.shift(x.transpose(1, 2)).transpose(1, 2)
-        mask = padding_mask if bool(padding_mask.any()) else None  # unmasked: the fused kernels
-        return self.head(self.norm(run_stack(self.layers, x, mask)))
+        if key_only is None and query_only is None:
+            mask = padding_mask if bool(padding_mask.any()) else None  # unmasked: the fused kernels
+            return self.head(self.norm(run_stack(self.layers, x, mask)))
+        keys = padding_mask if query_only is None else padding_mask | query_only
+        queries = padding_mask if key_only is None else padding_mask | key_only
+        return self.head(self.norm(run_stack(self.layers, x, keys, query_padding_mask=queries)))

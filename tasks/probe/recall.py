@@ -9,7 +9,7 @@ Follows Zoology's `multiquery_ar` (HazyResearch/zoology, zoology/data/multiquery
 from the lower half of the vocabulary and values from the upper half, each drawn without
 replacement within a sequence; the queries' offsets in the query region drawn with the power law
 p(k) ~ k^(power_a - 1) (Zoology's default power_a = 0.01: most queries soon after the context);
-the rest of the query region random tokens.
+the rest of the query region random filler tokens.
 Differs from it:
   - the target sits at the query token itself, not at the next position: the project's
     schemes that normalize over queries (DNAS, HNAS, Sinkhorn) are refused in causal attention,
@@ -18,6 +18,11 @@ Differs from it:
     the vocabulary's token ids, as Zoology's language-model head predicts them;
   - token 0 is padding, never a key, value or filler; the queries sit at any offsets of the
     query region (Zoology: even offsets), in a random order;
+  - the filler is drawn uniformly from the tokens that are neither a key nor a value of the
+    row (Zoology draws it from the whole vocabulary), so a queried key never reappears in the
+    filler as a second, unscored query and a bound value never shows up out of its pair (from
+    the whole vocabulary, a queried key reappeared in 78% of the rows at seq_len=32,
+    vocab_size=48, num_kv_pairs=8, and in nearly all at the defaults);
   - `num_distractors` key-value pairs are in the context but never queried (Zoology queries
     every pair): more keys compete with the queried one, no more answers are asked;
   - `num_duplicates` of the queried keys are bound twice, to two different values, and the
@@ -28,6 +33,9 @@ Differs from it:
 Trivial baseline ("chance"): a value drawn uniformly from those in the context, what a model
 that learned the format but retrieves nothing does: accuracy 1 / (bindings in the context,
 num_kv_pairs + num_distractors + num_duplicates).
+Shortcut ("first binding"): the value after the queried key's first occurrence in the context,
+what a model that ignores which binding is the latest answers: the target except at the keys
+bound twice, so its accuracy is 1 - num_duplicates / num_kv_pairs exactly (theory).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from tasks.probe.data import (
     ProbeData,
     check_positive,
     rng_for,
+    rule,
     score,
 )
 
@@ -81,6 +90,12 @@ def generate(
             f"seq_len={seq_len} leaves {region} positions after a context of {context} tokens "
             f"for {queried} queries; pass seq_len >= {context + queried}"
         )
+    fillers = int(vocab_size) - 1 - distinct - bindings  # tokens neither a key nor a value
+    if region > queried and fillers < 1:
+        raise ValueError(
+            f"vocab_size={vocab_size} leaves no filler token besides a row's {distinct} keys and "
+            f"{bindings} values; pass vocab_size >= {distinct + bindings + 2}"
+        )
     rng = rng_for(seed)
     n = int(n)
 
@@ -93,7 +108,14 @@ def generate(
     pair_keys = np.take_along_axis(pair_keys, order, axis=1)
     pair_values = np.take_along_axis(values, order, axis=1)
 
-    inputs = rng.integers(1, vocab_size, size=(n, int(seq_len)))  # the filler
+    # the filler: uniform among the tokens that are not one of the row's keys or values
+    used = np.zeros((n, int(vocab_size)), dtype=bool)
+    used[:, 0] = True  # padding
+    np.put_along_axis(used, keys, True, axis=1)
+    np.put_along_axis(used, values, True, axis=1)
+    free = np.argsort(used, axis=1, kind="stable")[:, : max(fillers, 1)]
+    inputs = np.take_along_axis(free, rng.integers(0, max(fillers, 1), size=(n, int(seq_len))),
+                                axis=1)
     inputs[:, 0:context:2] = pair_keys
     inputs[:, 1:context:2] = pair_values
 
@@ -117,6 +139,10 @@ def generate(
     pick = rng.integers(0, bindings, size=(n, int(seq_len)))
     guesses = torch.from_numpy(np.take_along_axis(pair_values, pick, axis=1))
     guesses = torch.where(targets_t == IGNORE, targets_t, guesses)
+    first = np.argmax(match, axis=2)  # the key's first binding
+    first_answers = np.take_along_axis(pair_values, first, axis=1)
+    first_binding = np.full((n, int(seq_len)), IGNORE, dtype=np.int64)
+    np.put_along_axis(first_binding, positions, first_answers, axis=1)
     return ProbeData(
         inputs=inputs_t,
         targets=targets_t,
@@ -125,6 +151,8 @@ def generate(
         num_classes=int(vocab_size),
         vocab_size=int(vocab_size),
         baseline=Baseline("chance", guesses, score(TOKEN_CLASS, guesses, targets_t), 1 / bindings),
+        shortcut=rule("first binding", TOKEN_CLASS, torch.from_numpy(first_binding), targets_t,
+                      1 - int(num_duplicates) / queried),
         meta={
             "context_length": context,
             "key_range": (key_low, value_low),

@@ -20,10 +20,26 @@ the marker into the value's position in an earlier layer and then read several s
 head; the argument is strict for one attention layer. Distractor values force that binding:
 without them a head may attend to every value token regardless of its marker.
 
+`slots` (n, L) marks each slot's marker and value positions with the slot's index h = 0..H-1
+(marker M_{h+1}), -1 elsewhere, so that a report can tell which slot each head reads.
+
+The rich-get-richer variant (`focus_fraction`): in a random `focus_fraction` of the first
+`focus_rows` rows (None: all rows), only the first slot (M_1) varies: every other slot holds
+value 0 (its value token, the tuple target and `meta["slot_values"]` follow; the focus rows are
+`meta["focus"]`). Those rows reward reading slot 1 alone, pulling every head toward it, and a
+scheme whose heads stay there (redundant heads) misses the other slots on the rows where they
+vary; the datamodule passes the number of training rows as `focus_rows`, so only training
+sequences are skewed and the evaluation splits measure every slot. focus_fraction=0 leaves the
+data as without the option.
+
 No generator in Zoology or the Long Range Arena is followed (it is a multi-key variant of
 associative recall with the keys fixed per slot and one answer for all of them).
 
 Trivial baseline ("chance"): a uniform guess among the tuples, accuracy 1 / num_values ** num_slots.
+Shortcut ("values in order of appearance"): the tuple read from the first num_slots value tokens
+by position (distractors included), ignoring the markers: right when the markers appear in the
+order M_1..M_H and no distractor comes before the last slot's value, or when the values
+coincide; theory None.
 """
 
 from __future__ import annotations
@@ -38,6 +54,7 @@ from tasks.probe.data import (
     chance_predictions,
     check_positive,
     rng_for,
+    rule,
     score,
 )
 
@@ -60,9 +77,12 @@ def generate(
     num_values: int = 8,
     num_filler: int = 16,
     num_value_distractors: int = 0,
+    focus_fraction: float = 0.0,
+    focus_rows: int | None = None,
 ) -> ProbeData:
     """`n` sequences of `seq_len` tokens (CLS included) with `num_slots` marker-value pairs and
-    `num_value_distractors` stray value tokens in filler drawn from `num_filler` tokens."""
+    `num_value_distractors` stray value tokens in filler drawn from `num_filler` tokens; in
+    `focus_fraction` of the first `focus_rows` rows (None: all) only the first slot varies."""
     check_positive(n=n, seq_len=seq_len, num_slots=num_slots, num_values=num_values,
                    num_filler=num_filler)
     n, seq_len, slots, m = int(n), int(seq_len), int(num_slots), int(num_values)
@@ -72,6 +92,12 @@ def generate(
         raise ValueError(
             f"seq_len={seq_len} has {room} positions after CLS, too few for {slots} marker-value "
             f"pairs and {stray} distractors; pass seq_len >= {2 * slots + stray + 1}"
+        )
+    focus_rows = n if focus_rows is None else int(focus_rows)
+    if not 0.0 <= float(focus_fraction) <= 1.0 or not 0 <= focus_rows <= n:
+        raise ValueError(
+            f"focus_fraction={focus_fraction} must be within 0..1 and focus_rows={focus_rows} "
+            f"within 0..n={n}; pass a fraction and at most n rows (None: all rows)"
         )
     vocab = vocabulary(slots, m)
     vocab_size = vocab["filler_low"] + int(num_filler)
@@ -97,8 +123,22 @@ def generate(
         where = np.argsort(draw, axis=1)[:, :stray]
         inputs[rows, where] = vocab["values"][0] + rng.integers(0, m, size=(n, stray))
 
+    guesses = chance_predictions(rng, torch.zeros(n, dtype=torch.long), np.arange(m**slots))
+    focus = np.zeros(n, dtype=bool)
+    chosen = round(float(focus_fraction) * focus_rows)
+    if chosen:  # drawn last, so that focus_fraction=0 leaves every other draw as it was
+        focus[np.argsort(rng.random(focus_rows))[:chosen]] = True
+        slot_values[focus, 1:] = 0
+        inputs[rows, starts + 1] = vocab["values"][0] + slot_values
     targets = torch.from_numpy(slot_values @ (m ** np.arange(slots))).long()
-    guesses = chance_predictions(rng, targets, np.arange(m**slots))
+
+    slot_of = np.full((n, seq_len), -1, dtype=np.int64)
+    slot_of[rows, starts] = slot_of[rows, starts + 1] = np.arange(slots)
+    # the shortcut: the first `slots` value tokens by position (there are at least `slots`)
+    is_value = (inputs >= vocab["values"][0]) & (inputs < vocab["values"][1])
+    first = np.argsort(~is_value, axis=1, kind="stable")[:, :slots]
+    in_order = np.take_along_axis(inputs, first, axis=1) - vocab["values"][0]
+    in_order = in_order @ (m ** np.arange(slots))
     return ProbeData(
         inputs=torch.from_numpy(inputs).long(),
         targets=targets,
@@ -107,5 +147,9 @@ def generate(
         num_classes=m**slots,
         vocab_size=vocab_size,
         baseline=Baseline("chance", guesses, score(SEQUENCE_CLASS, guesses, targets), 1 / m**slots),
-        meta={"slot_values": torch.from_numpy(slot_values), **vocab},
+        meta={"slot_values": torch.from_numpy(slot_values), "focus": torch.from_numpy(focus),
+              **vocab},
+        shortcut=rule("values in order of appearance", SEQUENCE_CLASS,
+                      torch.from_numpy(in_order).long(), targets),
+        slots=torch.from_numpy(slot_of),
     )

@@ -1,7 +1,7 @@
 """Claim: multi-view VQA (DNAS paper, Table 1 and Fig. 3): fusing detector views with DNAS/HNAS.
 
 VQA's own claim for `python -m attnlab.reproduce`: the task's card lists this module
-(`task.card.reproduce.claims: [..., tasks.vqa.claim, ...]`) and attnlab.reproduce.registry imports
+(`task.card.reproduce.claims: [..., tasks.vqa.claim, ...]`) and attnlab.study.reproduce.registry imports
 it by that name, so the library never imports the task.
 
 UNAS, DNAS and HNAS fusions against the primary-view-only and concatenation baselines, over the
@@ -21,9 +21,12 @@ library's attention) and of the trained fusion over the test set (the task's `te
 means over the fusion layers, one per secondary view). Accuracy: test overall and on the questions
 whose answer needs an object the primary view misses (`acc_hidden`).
 
-Verdict: holds when, on a benchmark where UNAS explains the secondary-only boxes away at the start
-(their median column sum below 0.1 and below DNAS's), DNAS or HNAS beats UNAS on `acc_hidden` by
-more than the standard errors; the accuracy ordering is reported as it comes out.
+Verdict, from the benchmarks where UNAS explains the secondary-only boxes away at the start (their
+median column sum below 0.1 and below DNAS's; elsewhere the mechanism never engages): DNAS and HNAS
+against UNAS on `acc_hidden`, paired by seed (attnlab.study.stats.contrast_family, Holm over the
+contrasts, equivalence margin MARGIN): *holds* when one of them is better, *contradicted* when
+both are worse or equivalent, *not tested* otherwise (underpowered: the intervals; with one seed
+no test is possible). The accuracy ordering is reported as it comes out.
 """
 
 from __future__ import annotations
@@ -35,10 +38,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from attnlab import report
 from attnlab.attention import attention_weights
-from attnlab.reproduce.plan import Plan, Run
-from attnlab.reproduce.results import HOLDS, NOT_AT_SCALE, ClaimResult, Results, not_run
+from attnlab.study import stats as study_stats
+from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, ClaimResult, Run, not_tested
 from tasks.vqa import datamodule as vqa_data
 from tasks.vqa import synthetic
 
@@ -64,19 +66,19 @@ FUSION_LAYERS = 2  # one per secondary view
 BOX_KINDS = ("hidden", "visible", "background")
 
 
-def _runs_of(plan: Plan, benchmark: str, config: str) -> list[Run]:
+def _runs_of(plan, benchmark: str, config: str) -> list[Run]:
     model, extra = CONFIGS[config]
-    return [Run("vqa", model, seed, BENCHMARKS[benchmark] + extra) for seed in plan.seeds]
+    return [plan.run("vqa", model, seed, BENCHMARKS[benchmark] + extra) for seed in plan.seeds]
 
 
-def runs(plan: Plan) -> list[Run]:
+def runs(plan) -> list[Run]:
     return [r for b in BENCHMARKS for c in CONFIGS for r in _runs_of(plan, b, c)]
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and standard error over the seeds that finished (NaN, NaN if none)."""
     values = [v for v in values if not math.isnan(v)]
-    return report.mean_se(values) if values else (math.nan, math.nan)
+    return study_stats.mean_se(values) if values else (math.nan, math.nan)
 
 
 def _cell(stat: tuple[float, float]) -> str:
@@ -86,7 +88,7 @@ def _cell(stat: tuple[float, float]) -> str:
     return f"{mean:.3f}" if math.isnan(se) else f"{mean:.3f} ± {se:.3f}"
 
 
-def _layer_mean(results: Results, run: Run, name: str) -> float:
+def _layer_mean(results, run: Run, name: str) -> float:
     values = [results.metric(run, f"test/{name}_l{l}") for l in range(FUSION_LAYERS)]
     values = [v for v in values if not math.isnan(v)]
     return sum(values) / len(values) if values else math.nan
@@ -142,21 +144,41 @@ def plot_initial(sums: dict[str, dict], path: Path) -> Path:
     return path
 
 
-def _better_on_hidden(stats: dict) -> list[str]:
-    """The doubly-normalized fusions whose acc_hidden exceeds UNAS's by more than both standard
-    errors (none with a single seed: no standard error, no claim)."""
-    unas, unas_se = stats["UNAS"]["hidden"]
-    return [c for c in ("DNAS", "HNAS") if stats[c]["hidden"][0] - unas > unas_se + stats[c]["hidden"][1]]
+MARGIN = 0.02  # acc_hidden: the equivalence margin of DNAS/HNAS against UNAS
 
 
-def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
+def hidden_contrasts(plan, results, benchmark: str) -> dict[str, study_stats.Contrast]:
+    """DNAS and HNAS against UNAS on acc_hidden, paired by seed, Holm over the two."""
+    def by_seed(config: str) -> dict[int, float]:
+        return {r.seed: results.metric(r, "test/acc_hidden") for r in _runs_of(plan, benchmark, config)}
+    cells = {c: (by_seed(c), by_seed("UNAS"), MARGIN) for c in ("DNAS", "HNAS")}
+    return study_stats.contrast_family(cells)
+
+
+def judge(engaged: dict[str, dict[str, study_stats.Contrast]]) -> tuple[str, str]:
+    """(verdict, reason) from the contrasts of the benchmarks where the mechanism engaged."""
+    if not engaged:
+        return NOT_TESTED, ("mechanism not engaged: on no benchmark does UNAS explain the "
+                            "secondary-only boxes away at the start")
+    verdicts = [c.verdict for contrasts in engaged.values() for c in contrasts.values()]
+    if study_stats.BETTER in verdicts:
+        return HOLDS, ""
+    if verdicts and all(v in (study_stats.WORSE, study_stats.EQUIVALENT) for v in verdicts):
+        return CONTRADICTED, ""
+    parts = [f"{b}/{name} {c.difference:+.3f} [{c.difference_interval[0]:+.3f}, "
+             f"{c.difference_interval[1]:+.3f}] ({c.n} seeds)"
+             for b, contrasts in engaged.items() for name, c in contrasts.items()]
+    return NOT_TESTED, "underpowered: acc_hidden against UNAS " + "; ".join(parts)
+
+
+def evaluate(plan, results, out_dir) -> ClaimResult:
     if plan.skip_reason("vqa"):
-        return not_run(NAME, TITLE, PAPER, CLAIM, f"vqa: {plan.skip_reason('vqa')}")
+        return not_tested(NAME, TITLE, PAPER, CLAIM, f"vqa: not run ({plan.skip_reason('vqa')})")
     trained = [("| benchmark | fusion | test acc | acc hidden | acc visible | col sum hidden | col sum visible | "
                "col sum background | hidden below 1e-8 |"), "|" + "---|" * 9]
     start = ["| benchmark | scheme | median col sum hidden | visible | background | hidden below 1e-8 |",
              "|---|---|---|---|---|---|"]
-    summary, failures, initial, holds = [], [], {}, False
+    summary, failures, initial, engaged = [], [], {}, {}
     for benchmark in BENCHMARKS:
         stats = {}
         for config in CONFIGS:
@@ -182,15 +204,17 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
             start.append(f"| {benchmark} | {scheme.upper()} | " + " | ".join(f"{median[scheme][k]:.3g}" for k in BOX_KINDS)
                          + f" | {float(np.mean(per['hidden'] < 1e-8)) if len(per['hidden']) else math.nan:.3g} |")
         explained = median["unas"]["hidden"] < 0.1 and median["unas"]["hidden"] < median["dnas"]["hidden"]
-        better = _better_on_hidden(stats)
-        holds |= explained and bool(better)
+        contrasts = hidden_contrasts(plan, results, benchmark)
+        if explained:
+            engaged[benchmark] = contrasts
         summary.append(f"{benchmark}: at the start UNAS {'explains' if explained else 'does not explain'} the "
                        f"secondary-only boxes away (median column sum {median['unas']['hidden']:.2g}, DNAS "
                        f"{median['dnas']['hidden']:.2g}; trained UNAS mean {stats['UNAS']['col_hidden'][0]:.2g}); "
-                       f"accuracy {' > '.join(order)}; above UNAS on acc_hidden beyond the s.e.: "
-                       f"{', '.join(better) or ('none' if len(plan.seeds) > 1 else 'cannot tell with 1 seed')}")
+                       f"accuracy {' > '.join(order)}; acc_hidden against UNAS: "
+                       + ", ".join(f"{name} {c.difference:+.3f} ({c.verdict})" for name, c in contrasts.items()))
     if not summary:
-        return not_run(NAME, TITLE, PAPER, CLAIM, "no VQA run finished: " + "; ".join(failures[:3]))
+        return not_tested(NAME, TITLE, PAPER, CLAIM, "no VQA run finished: " + "; ".join(failures[:3]))
+    verdict, reason = judge(engaged)
     figures = [plot_initial(initial, Path(out_dir) / "multiview_vqa_initial_col_sums.png").name]
     details = ["Trained (test set; column sums: mean over boxes and fusion layers):", "", *trained, "",
                "At the start (identity projections, first 100 test images):", "", *start, "",
@@ -198,6 +222,6 @@ def evaluate(plan: Plan, results: Results, out_dir) -> ClaimResult:
     return ClaimResult(
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM, ours="; ".join(summary),
         setting=plan.setting_text("vqa") + "; mirror: " + " ".join(BENCHMARKS["mirror"]),
-        seeds=", ".join(map(str, plan.seeds)), verdict=HOLDS if holds else NOT_AT_SCALE,
+        seeds=", ".join(map(str, plan.seeds)), verdict=verdict, reason=reason,
         details="\n".join(details), figures=figures,
     )

@@ -117,3 +117,30 @@ def test_no_attention_code_file_is_over_400_lines():
     code = [p for p in (PACKAGE / "attention").rglob("*") if p.suffix in (".py", ".cpp", ".h")]
     long = {str(p.relative_to(SRC)): n for p in code if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long
+
+
+# the modules of attnlab.study a task may import: the shared leaves, never the drivers (which
+# import a task's claim module by name from its card: a task importing them back would be a cycle
+# through a string, invisible to the graph above)
+STUDY_LEAVES = {"attnlab.study.evidence", "attnlab.study.stats"}
+
+
+def test_the_study_leaves_import_nothing_of_attnlab():
+    graph = _graph()
+    for leaf in STUDY_LEAVES:
+        assert not {m for m in graph[leaf] if m.startswith("attnlab")}, leaf
+
+
+def test_tasks_import_only_the_study_leaves():
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    offenders = {}
+    for path in sorted((ROOT / "tasks").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        study = {m for m in _imported(path, name, modules)
+                 if m == "attnlab.study" or m.startswith("attnlab.study.")}
+        if study - STUDY_LEAVES:
+            offenders[name] = sorted(study - STUDY_LEAVES)
+    assert not offenders, offenders
+    # the check sees such an import (the claim modules do import the leaves)
+    claim = ROOT / "tasks" / "vqa" / "claim.py"
+    assert "attnlab.study.evidence" in _imported(claim, "tasks.vqa.claim", modules)

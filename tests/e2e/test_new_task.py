@@ -1,6 +1,6 @@
 """The worked example of a task card: a throwaway task, written into a copy of this checkout as
 exactly the files docs/tasks.md names (tasks/<name>/ and conf/task/<name>.yaml), is picked up by
-`train.py --help`, by the every-scheme-in-every-task CLI matrix and by `attnlab.reproduce`, with no
+`train.py --help`, by the every-scheme-in-every-task CLI matrix and by `attnlab.study.reproduce`, with no
 other file edited."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ TOY_FILES = {
             encoder_layers: null
             tiny: [trainer.max_epochs=1]
             reproduce:
-              claims: [head_diversity]
+              claims: [coda_diversity]
               in_quick: false
               quick: [trainer.max_epochs=1]
               preset: null
@@ -132,8 +132,16 @@ TOY_FILES = {
             hybrid_lr: null
     ''',
 }
-IGNORED = shutil.ignore_patterns(".git", ".venv", "outputs", "data", "wandb", "reproduce", "compare",
-                                 "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "*.egg-info")
+ANYWHERE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache",
+                                  ".hypothesis", "*.egg-info")
+OUTPUTS = {"outputs", "data", "wandb", "reproduce", "compare"}  # run outputs, at the root only
+
+
+def IGNORED(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: caches anywhere, the run outputs at the checkout's root (not the
+    packages of the same name: src/attnlab/study/compare)."""
+    top = set(names) & OUTPUTS if Path(folder) == ROOT else set()
+    return set(ANYWHERE(folder, names)) | top
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +181,7 @@ def test_the_cli_matrix_runs_every_scheme_in_the_new_task(checkout):
 
 
 def test_reproduce_plans_the_new_task(checkout):
-    proc = run(checkout, "-m", "attnlab.reproduce", "--dry-run", "--claims", "head_diversity",
+    proc = run(checkout, "-m", "attnlab.reproduce", "--dry-run", "--claims", "coda_diversity",
                "--tasks", "toy")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "task=toy" in proc.stdout, proc.stdout[-2000:]

@@ -112,10 +112,10 @@ FAULTS: list[tuple[str, str, str]] = [
      "W&B writes the run under the system temp dir instead; the summary and metrics.json say where",
      "test_faults.py::test_a_failing_logger_warns_once_and_the_run_goes_on"),
     ("a sweep job fails",
-     ("the other jobs run; `attnlab.report` lists it under the table as `failed`, with the error"),
+     ("the other jobs run; `attnlab.study.report` lists it under the table as `failed`, with the error"),
      "test_faults.py::test_a_failed_sweep_job_does_not_stop_the_others"),
     ("a sweep job is killed (kill -9, out of memory)",
-     ("`attnlab.report` lists it as `killed` (its metrics.json still says `running`, or there is "
+     ("`attnlab.study.report` lists it as `killed` (its metrics.json still says `running`, or there is "
       "none); with a process per job (`hydra/launcher=submitit_local`, `submitit_slurm`) the other "
       "jobs run on, with the default launcher the sweep's one process is gone"),
      "test_faults.py::test_a_killed_sweep_job_does_not_stop_the_others (slow)"),

@@ -128,13 +128,19 @@ class TransformerEncoderLayer(nn.Module):
         return x, _passed(self_attn=z)
 
     def forward(self, x: Tensor | StackCarry, key_padding_mask: Tensor | None = None,
-                prev_logits: Logits = None, return_logits: bool = False):
+                prev_logits: Logits = None, return_logits: bool = False,
+                query_padding_mask: Tensor | None = None):
+        """`key_padding_mask` (B, S), True = padding: no query reads it, and it asks nothing
+        (it stays out of DNAS column sums). `query_padding_mask` (B, S), given, replaces the
+        second half: True = a position that asks nothing (its attention output is 0), False = a
+        query, even where no key may read it. The probes use the pair for positions that are
+        only read (`key_only`) or only ask (`query_only`): cross-attention inside one sequence."""
         if isinstance(x, StackCarry):  # inside nn.Sequential
             out, logits = self(x.x, x.key_padding_mask, x.logits, return_logits=True)
             return StackCarry(out, x.key_padding_mask, logits)
-        # Padded positions are padded queries too: they must stay out of DNAS column sums.
+        queries = key_padding_mask if query_padding_mask is None else query_padding_mask
         x, logits = self._blocks(x, lambda h: self.self_attn(
-            h, key_padding_mask=key_padding_mask, query_padding_mask=key_padding_mask,
+            h, key_padding_mask=key_padding_mask, query_padding_mask=queries,
             causal=self.causal, prev_logits=_pick(prev_logits, "self_attn"), return_logits=True))
         return (x, logits) if return_logits else x
 

@@ -1,27 +1,40 @@
-"""The probe generators: determinism by seed, labels recomputed by brute force on small cases, and
-the trivial baselines' scores against theory on large samples."""
+"""The probe generators: determinism by seed, the optional fields' invariants, labels and
+shortcuts recomputed by brute force on small cases, and the trivial baselines' scores against
+theory on large samples. The mechanism probes' labels (unmatched, hub, assignment) are checked
+in test_mechanism_generators.py."""
 
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from tasks.probe import GENERATORS, clusters, coverage, listops, recall, retrieval
-from tasks.probe.data import IGNORE, PAD, REGRESSION, SEQUENCE_CLASS, TOKEN_CLASS
+from tasks.probe import GENERATORS, clusters, listops, recall, retrieval
+from tasks.probe.data import IGNORE, PAD, REGRESSION, SEQUENCE_CLASS, TOKEN_CLASS, score
 
 CASES = {
     "recall": {},
     "recall_dup_distract": {"num_duplicates": 2, "num_distractors": 3},
-    "coverage": {},
-    "coverage_variable": {"min_length": 20},
     "clusters_count": {"target": "count"},
     "clusters_centre": {"target": "centre"},
     "retrieval": {"num_value_distractors": 3},
+    "retrieval_focus": {"num_value_distractors": 2, "focus_fraction": 0.5, "focus_rows": 30},
     "listops": {},
+    "unmatched": {},
+    "unmatched_keyonly": {"a_queries": False},
+    "unmatched_disjoint": {"disjoint": True},
+    "unmatched_noaux": {"aux_target": False},
+    "hub": {},
+    "hub_some": {"hub_queries": 6},
+    "hub_every": {"hub_queries": 8, "ask_every_key": True},
+    "hub_zipf": {"popularity": "zipf"},
+    "hub_zipf_every": {"popularity": "zipf", "ask_every_key": True},
+    "assignment": {},
+    "assignment_none": {"collisions": 0.0},
+    "assignment_nearest": {"target": "nearest", "collisions": 0.25},
 }
+OPTIONAL = ("shortcut_features", "aux_targets", "key_only", "query_only", "slots")
 
 
 def make(case: str, n: int, seed: int):
@@ -30,16 +43,28 @@ def make(case: str, n: int, seed: int):
 
 def tensors(data) -> list[torch.Tensor]:
     extra = [v for v in data.meta.values() if isinstance(v, torch.Tensor)]
-    return [data.inputs, data.targets, data.padding_mask, data.baseline.predictions, *extra]
+    optional = [getattr(data, name) for name in OPTIONAL if getattr(data, name) is not None]
+    if data.shortcut is not None:
+        optional.append(data.shortcut.predictions)
+    return [data.inputs, data.targets, data.padding_mask, data.baseline.predictions, *extra,
+            *optional]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_same_seed_same_data_other_seed_other_data(case):
     a, b, c = make(case, 40, 3), make(case, 40, 3), make(case, 40, 4)
+    assert len(tensors(a)) == len(tensors(b))
     for x, y in zip(tensors(a), tensors(b)):
         assert torch.equal(x, y)
     assert a.baseline.score == b.baseline.score
+    for name in OPTIONAL:  # set or unset alike
+        unset = [getattr(x, name) is None for x in (a, b, c)]
+        assert unset[0] == unset[1] == unset[2]
+    assert (a.shortcut is None) == (c.shortcut is None)
+    if a.shortcut is not None:
+        assert a.shortcut.score == b.shortcut.score and a.shortcut.name == b.shortcut.name
     assert not torch.equal(a.inputs, c.inputs)
+    assert not torch.equal(a.targets, c.targets)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -65,6 +90,51 @@ def test_shapes_ranges_and_padding(case):
         assert data.target_kind == SEQUENCE_CLASS and data.targets.shape == (n,)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_optional_fields_keep_their_invariants(case):
+    data = make(case, 40, 1)
+    n, length = data.inputs.shape[:2]
+    padding = data.padding_mask
+    if data.target_kind != REGRESSION:  # every class probe brings a shortcut, a rule or features
+        assert data.shortcut is not None or data.shortcut_features is not None
+    asked = data.targets != IGNORE
+    if data.shortcut is not None:
+        predictions = data.shortcut.predictions
+        assert predictions.shape == data.targets.shape and predictions.dtype == torch.long
+        assert torch.equal(predictions == IGNORE, ~asked)  # IGNORE exactly where nothing is asked
+        assert predictions[asked].min() >= 0 and predictions[asked].max() < data.num_classes
+        assert data.shortcut.score == score(data.target_kind, predictions, data.targets)
+        assert data.shortcut.name and "\n" not in data.shortcut.name
+    if data.shortcut_features is not None:
+        features = data.shortcut_features
+        assert features.dtype == torch.float32 and features.shape[0] == n and features.ndim == 2
+        assert torch.isfinite(features).all()
+    if data.aux_targets is not None:
+        aux = data.aux_targets
+        assert aux.shape == (n, length) and aux.dtype == torch.long
+        trained = aux != IGNORE
+        assert trained.any()
+        assert aux[trained].min() >= 0 and aux[trained].max() < data.num_classes
+        assert not (trained & padding).any()
+        if data.target_kind == TOKEN_CLASS:
+            assert not (trained & asked).any()
+        else:  # the sequence's answer is read at position 0
+            assert not trained[:, 0].any()
+    roles = [r for r in (data.key_only, data.query_only) if r is not None]
+    for role in roles:
+        assert role.shape == (n, length) and role.dtype == torch.bool
+        assert not (role & padding).any()
+    if len(roles) == 2:
+        assert not (data.key_only & data.query_only).any()
+    if data.key_only is not None and data.target_kind == TOKEN_CLASS:  # a key-only asks nothing
+        assert not (data.key_only & asked).any()
+        if data.aux_targets is not None:
+            assert not (data.key_only & (data.aux_targets != IGNORE)).any()
+    if data.slots is not None:
+        assert data.slots.shape == (n, length) and data.slots.dtype == torch.long
+        assert data.slots.min() >= -1 and (data.slots[padding] == -1).all()
+
+
 # ---- labels by brute force ---------------------------------------------------------------
 
 
@@ -88,18 +158,6 @@ def test_recall_targets_are_the_latest_binding(options):
                 if key == row[q]:
                     expected = value
             assert labels[q] == expected
-
-
-def test_coverage_targets_are_the_counts():
-    data = coverage.generate(30, 2, length=12, num_types=4, min_length=6)
-    for row, labels, size in zip(data.inputs.tolist(), data.targets.tolist(),
-                                 data.meta["lengths"].tolist()):
-        content = row[4:]
-        assert all(t != PAD for t in content[:size]) and all(t == PAD for t in content[size:])
-        counts = Counter(content[:size])
-        assert row[:4] == [5, 6, 7, 8]  # the count slots
-        assert labels[:4] == [counts[t] for t in (1, 2, 3, 4)]
-        assert all(label == IGNORE for label in labels[4:])
 
 
 def test_clusters_are_recovered_by_single_linkage():
@@ -132,6 +190,95 @@ def test_retrieval_target_is_the_ordered_tuple():
         assert all(0 <= v < 5 for v in values)
         assert sum(v_low <= t < v_high for t in row) == 3 + 2  # slots' values + distractors
         assert target == sum(v * 5**h for h, v in enumerate(values))
+
+
+@pytest.mark.parametrize("options", [{}, {"num_duplicates": 3, "num_distractors": 2}])
+def test_recall_filler_holds_no_key_or_value_of_its_row(options):
+    data = recall.generate(30, 2, seq_len=40, vocab_size=40, num_kv_pairs=4, **options)
+    context = data.meta["context_length"]
+    for row, labels in zip(data.inputs.tolist(), data.targets.tolist()):
+        bound = set(row[:context])  # the row's keys and values
+        filler = [t for q, t in enumerate(row) if q >= context and labels[q] == IGNORE]
+        assert len(filler) == 40 - context - 4
+        assert all(t != PAD and t not in bound for t in filler)
+    # every free token is used: the filler is not a fixed subset
+    assert len({t for row in data.inputs[:, context:].tolist() for t in row}) > 20
+
+
+@pytest.mark.parametrize("options", [{}, {"num_duplicates": 3, "num_distractors": 2}])
+def test_recall_first_binding_shortcut_by_brute_force(options):
+    data = recall.generate(30, 4, seq_len=32, vocab_size=40, num_kv_pairs=4, **options)
+    context = data.meta["context_length"]
+    expected = torch.full_like(data.targets, IGNORE)
+    for i, row in enumerate(data.inputs.tolist()):
+        for q in range(context, len(row)):
+            if data.targets[i, q] != IGNORE:
+                first = next(j for j in range(0, context, 2) if row[j] == row[q])
+                expected[i, q] = row[first + 1]
+    assert torch.equal(data.shortcut.predictions, expected)
+    asked = data.targets != IGNORE
+    right = float((expected[asked] == data.targets[asked]).double().mean())
+    assert data.shortcut.score == right == data.shortcut.theory  # exact: fixed counts per row
+    assert data.shortcut.theory == 1 - options.get("num_duplicates", 0) / 4
+
+
+def test_retrieval_focus_rows_vary_only_the_first_slot():
+    data = retrieval.generate(60, 3, seq_len=20, num_slots=3, num_values=5,
+                              num_value_distractors=2, focus_fraction=0.5, focus_rows=40)
+    (m_low, _), (v_low, _) = data.meta["markers"], data.meta["values"]
+    focus = data.meta["focus"].tolist()
+    assert sum(focus[:40]) == 20 and not any(focus[40:])
+    values = []
+    for row, target in zip(data.inputs.tolist(), data.targets.tolist()):
+        slot_values = [row[row.index(m_low + h) + 1] - v_low for h in range(3)]
+        assert target == sum(v * 5**h for h, v in enumerate(slot_values))
+        values.append(slot_values)
+    assert data.meta["slot_values"].tolist() == values
+    assert all(v[1:] == [0, 0] for v, f in zip(values, focus) if f)
+    others = [v[1:] for v, f in zip(values, focus) if not f]
+    assert any(v != [0, 0] for v in others)  # the other rows vary every slot
+    assert len({v[0] for v, f in zip(values, focus) if f}) > 1  # slot 1 still varies
+    # focus_fraction=0 is the plain probe, draw for draw
+    plain = retrieval.generate(60, 3, seq_len=20, num_slots=3, num_values=5,
+                               num_value_distractors=2)
+    zero = retrieval.generate(60, 3, seq_len=20, num_slots=3, num_values=5,
+                              num_value_distractors=2, focus_fraction=0.0, focus_rows=40)
+    for a, b in [(plain.inputs, zero.inputs), (plain.targets, zero.targets),
+                 (plain.baseline.predictions, zero.baseline.predictions)]:
+        assert torch.equal(a, b)
+
+
+def test_retrieval_slots_and_in_order_shortcut_by_brute_force():
+    data = retrieval.generate(40, 5, seq_len=16, num_slots=3, num_values=4,
+                              num_value_distractors=2)
+    (m_low, _), (v_low, v_high) = data.meta["markers"], data.meta["values"]
+    expected = []
+    for row, slots in zip(data.inputs.tolist(), data.slots.tolist()):
+        want = [-1] * len(row)
+        for h in range(3):
+            where = row.index(m_low + h)
+            want[where] = want[where + 1] = h
+        assert slots == want
+        first = [t - v_low for t in row if v_low <= t < v_high][:3]
+        expected.append(sum(v * 4**h for h, v in enumerate(first)))
+    assert data.shortcut.predictions.tolist() == expected
+    right = sum(e == t for e, t in zip(expected, data.targets.tolist())) / 40
+    assert data.shortcut.score == pytest.approx(right)
+
+
+def test_cluster_shortcut_features_by_brute_force():
+    data = clusters.generate(20, 6, target="count", dim=3)
+    assert data.shortcut is None and data.shortcut_features.shape == (20, 2 + 6 + 3)
+    for points, features in zip(data.inputs.double().numpy(),
+                                data.shortcut_features.double().numpy()):
+        mean = points.mean(axis=0)
+        second = sum(np.outer(x, x) for x in points) / len(points)
+        upper = [second[i, j] for i in range(3) for j in range(i, 3)]
+        spread = np.mean([np.sum((x - mean) ** 2) for x in points])
+        eigen = np.sort(np.linalg.eigvalsh(np.cov(points.T, bias=True)))
+        expected = [np.linalg.norm(mean), *upper, spread, *eigen]
+        np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-6)
+    assert clusters.generate(5, 6, target="centre").shortcut_features is None
 
 
 def evaluate_listops(tokens: list[int]) -> int:
@@ -170,6 +317,23 @@ def test_listops_targets_by_a_stack_evaluator():
         assert listops.apply("MED", args) == int(np.median(args)) == expected
 
 
+def test_listops_top_operator_shortcut_by_a_separate_evaluator():
+    data = listops.generate(150, 8, seq_len=32, min_length=1, max_depth=3, max_args=5)
+    ops = {listops.OPERATOR0 + i: name for i, name in enumerate(listops.OPERATORS)}
+    rules = {"MIN": min, "MAX": max, "MED": lambda a: int(np.median(a)),
+             "SM": lambda a: sum(a) % 10}
+    expected = []
+    for row in data.inputs.tolist():
+        tokens = [t for t in row[1:] if t != PAD]
+        digits = [t - listops.DIGIT0 for t in tokens if t not in ops and t != listops.END]
+        expected.append(rules[ops[tokens[0]]](digits) if tokens[0] in ops else digits[0])
+    assert (data.meta["lengths"] == 1).any()  # bare digits are their own value
+    assert data.shortcut.predictions.tolist() == expected
+    right = sum(e == t for e, t in zip(expected, data.targets.tolist())) / 150
+    assert data.shortcut.score == pytest.approx(right) and data.shortcut.theory is None
+    assert 0.3 < right < 0.9  # the nesting matters, often but not always
+
+
 # ---- the trivial baselines against theory --------------------------------------------------
 
 
@@ -182,15 +346,6 @@ def test_recall_chance_is_one_over_the_pairs_in_context(options, pairs):
     assert data.baseline.theory == pytest.approx(1 / pairs)
     # >= 12000 asked positions: s.e. <= 0.003
     assert data.baseline.score == pytest.approx(1 / pairs, abs=0.012)
-
-
-def test_coverage_majority_is_the_binomial_mode():
-    data = coverage.generate(3000, 0, length=32, num_types=8)
-    mode_share = float(stats.binom.pmf(4, 32, 1 / 8))  # mode of Binomial(32, 1/8): floor(33/8)
-    assert data.baseline.theory == pytest.approx(mode_share, rel=1e-9)
-    asked = data.baseline.predictions[data.targets != IGNORE]
-    assert (asked == 4).all()
-    assert data.baseline.score == pytest.approx(mode_share, abs=0.012)  # 24000 slots
 
 
 def test_cluster_count_chance_is_one_over_the_counts():
@@ -233,10 +388,24 @@ def test_listops_majority_is_the_most_frequent_answer():
     [
         ("recall", {"vocab_size": 10}, "pass a larger vocab_size"),
         ("recall", {"seq_len": 20}, "pass seq_len >= 24"),
-        ("coverage", {"min_length": 40}, "min_length=40"),
         ("clusters", {"target": "radius"}, "use one of"),
         ("retrieval", {"seq_len": 4}, "pass seq_len >= 5"),
         ("listops", {"min_length": 80}, "min_length=80"),
+        ("recall", {"vocab_size": 17}, "leaves no filler token"),
+        ("retrieval", {"focus_fraction": 2.0}, "focus_fraction=2.0"),
+        ("retrieval", {"focus_rows": 11}, "focus_rows=11"),
+        ("unmatched", {"object_vocab": 4}, "pass object_vocab >= 5"),
+        ("unmatched", {"object_vocab": 8, "disjoint": True}, "pass object_vocab >= 9"),
+        ("unmatched", {"num_colours": 0}, "pass a positive num_colours"),
+        ("hub", {"num_pairs": 4, "num_queries": 8, "hub_queries": 2}, "pass hub_queries >= 5"),
+        ("hub", {"hub_queries": 0}, "hub_queries=0"),
+        ("hub", {"key_vocab": 10}, "key_vocab >= num_pairs=24"),
+        ("hub", {"popularity": "uniform"}, "use one of"),
+        ("hub", {"popularity": "zipf", "zipf_exponent": -1.0}, "zipf_exponent=-1.0"),
+        ("assignment", {"collisions": 1.0}, "pass collisions <= 0.875"),
+        ("assignment", {"collisions": -0.5}, "pass 0..1"),
+        ("assignment", {"positions": 4}, "pass positions >= num_items=8"),
+        ("assignment", {"target": "farthest"}, "use one of"),
     ],
 )
 def test_impossible_options_fail_in_one_line(probe, options, words):

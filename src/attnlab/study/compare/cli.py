@@ -1,0 +1,158 @@
+"""Which attention scheme wins where, on probes built so that one mechanism decides the answer:
+the pre-registered primary contrasts (each probe's config), trained through train.py with a
+learning-rate grid per scheme, seeds chosen from a pilot for 80 % power, the probes' positive and
+negative controls and shortcut baselines, and compare/<time>/REPORT.md with intervals, effect
+sizes and verdicts (better / worse / equivalent / inconclusive). A second invocation with the same
+--out reuses the runs that finished. See docs/compare.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from attnlab.errors import ConfigError
+from attnlab.study.compare.analysis import (
+    build_cells,
+    exploratory,
+    negative_controls,
+    primary_family,
+    probe_checks,
+)
+from attnlab.study.compare.plan import COMMON, MODES, SETTINGS, TASK, ComparePlan, discover
+from attnlab.study.compare.probes import probe_cards
+from attnlab.study.compare.writeup import contrast_rows, log_to_wandb, write_report
+from attnlab.study.evidence import default_jobs, git_commit, machine, project_root
+from attnlab.study.launch import dry_run, train
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m attnlab.compare", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    q, f = SETTINGS["quick"], SETTINGS["full"]
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help=f"the primary family and its controls, each probe's schemes, up to "
+                           f"{q.max_seeds} seeds (default; <= 20 min on 2 cores)")
+    mode.add_argument("--full", dest="mode", action="store_const", const="full",
+                      help=f"every probe x every scheme, controls, difficulty sweeps, up to "
+                           f"{f.max_seeds} seeds (hours)")
+    mode.add_argument("--gpu", dest="mode", action="store_const", const="gpu",
+                      help="as --full, with hardware=gpu and the probes' GPU sizes")
+    parser.set_defaults(mode="quick")
+    parser.add_argument("--probes", help="comma-separated probe= choices (default: the mode's)")
+    parser.add_argument("--schemes", help="comma-separated model= choices to keep (UNAS is "
+                        "always there)")
+    parser.add_argument("--seeds", type=int, help="fix the seeds of every cell (no pilot, no "
+                        "power computation)")
+    parser.add_argument("--no-lr-grid", action="store_true",
+                        help="train every scheme at the probe's learning rate")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override appended to every run (repeatable)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(),
+                        help="sweeps side by side (default: %(default)s)")
+    parser.add_argument("--wandb", action="store_true", help="also log the report to W&B (offline)")
+    parser.add_argument("--out", type=Path, help="report directory (default: <root>/compare/<time>); "
+                        "an earlier one to resume it")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the first stage's train.py sweeps and exit")
+    return parser.parse_args(argv)
+
+
+def choose(given: str | None, known: list[str], flag: str) -> list[str] | None:
+    if not given:
+        return None
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError(f"{flag} {given}: unknown {unknown}; choose from {', '.join(known)}")
+    return names
+
+
+def build_plan(args: argparse.Namespace, root: Path) -> ComparePlan:
+    conf = root / "conf"
+    if not (conf / "task" / f"{TASK}.yaml").is_file():
+        raise ConfigError(f"no conf/task/{TASK}.yaml in {root}: the probe task is missing")
+    registered = discover(conf, "model")
+    probes = choose(args.probes, discover(conf, "probe"), "--probes")
+    schemes = choose(args.schemes, registered, "--schemes")
+    cards = probe_cards(conf, probes)
+    plan = ComparePlan(root, args.mode, cards, registered, schemes, args.seeds,
+                       not args.no_lr_grid, tuple(args.override))
+    if probes:  # named probes run whatever their family
+        plan.settings = type(plan.settings)(**{**plan.settings.__dict__, "every_probe": True})
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if (args.seeds is not None and args.seeds < 2) or args.jobs < 1:
+        print(f"error: --seeds {args.seeds} --jobs {args.jobs}: --seeds takes a number >= 2 (a "
+              f"paired test needs two seeds), --jobs >= 1", file=sys.stderr)
+        return 2
+    root = project_root()
+    try:
+        plan = build_plan(args, root)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir = (args.out or root / "compare" / stamp).resolve()
+    runs_dir = out_dir / "runs"
+    first = plan.lr_runs() or plan.main_runs(plan.choose_lrs({}), plan.pilot_seeds())
+    if args.dry_run:
+        print("\n".join(dry_run(first, root, runs_dir, COMMON, args.jobs)))
+        print("# later stages (pilot, power, controls) depend on these runs' results")
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start, load_before = time.time(), os.getloadavg()[0]
+    probes = plan.probes()
+    print(f"[compare] {args.mode}: {len(probes)} probe(s) "
+          f"({', '.join(p.name for p in probes)}) -> {out_dir}", flush=True)
+    records: dict = {}
+    trained = 0
+
+    def stage(runs: list, label: str) -> None:
+        nonlocal trained
+        found, count = train(runs, root, runs_dir, COMMON, args.jobs, label)
+        records.update(found)
+        trained += count
+
+    if plan.lr_grid:
+        stage(plan.lr_runs(), "learning rates")
+    lrs = plan.choose_lrs(records)
+    stage(plan.main_runs(lrs, plan.pilot_seeds()), "pilot")
+    seeds, power = plan.seeds_needed(records, lrs)
+    for p in power:
+        print(f"[compare] power: {p.probe} {p.contrast} {p.outcome}: pilot s.d. {p.pilot_sd:.4f} "
+              f"({p.pilot_pairs} pairs; used {p.sd_used:.4f}), effect {p.effect}, alpha "
+              f"{p.alpha:.2g} -> {p.seeds} seeds for 80% power", flush=True)
+    stage(plan.final_runs(lrs, seeds), "main and controls")
+    cells = build_cells(plan, records, lrs)
+    primary = primary_family(cells, probes)
+    negatives = negative_controls(cells, probes)
+    checks = probe_checks(cells, plan, negatives)
+    given = sys.argv[1:] if argv is None else argv
+    meta = {"command": "python -m attnlab.compare " + " ".join(given), "mode": args.mode,
+            "commit": git_commit(root), "started": stamp, "machine": machine(),
+            "load_before": f"{load_before:.1f}", "load_after": f"{os.getloadavg()[0]:.1f}",
+            "jobs": args.jobs, "trained": trained, "reused": len(records) - trained,
+            "wall_s": time.time() - start}
+    report = write_report(out_dir, plan, cells, lrs, power, seeds, primary, negatives,
+                          exploratory(cells, plan), checks, meta)
+    print("\n".join(contrast_rows(primary)))
+    for check in checks.values():
+        print(f"[compare] {check.probe}: tests its mechanism: {check.summary}")
+    if args.wandb:
+        print(f"[compare] W&B run: {log_to_wandb(out_dir, primary, meta)}")
+    print(f"[compare] {report} ({meta['wall_s'] / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["MODES", "main"]

@@ -1,0 +1,130 @@
+"""Runs that did not beat their task's trivial baseline enter no verdict and are listed; a task
+with a config group of its own name (the probes) enters its claims once per variant."""
+
+import math
+import textwrap
+from pathlib import Path
+
+from helpers.paths import ROOT
+
+from attnlab.study.evidence import NOT_TESTED, Run
+from attnlab.study.reproduce import coda_diversity, explaining_away, head_diversity
+from attnlab.study.reproduce.plan import Plan
+from attnlab.study.reproduce.results import Results
+from attnlab.study.stats import DID_LEARN_MARGIN
+
+
+def write_task(conf: Path, name: str, claims: str, baseline: str | None = "val/baseline_acc",
+               monitor_mode: str = "max") -> None:
+    (conf / "task").mkdir(parents=True, exist_ok=True)
+    card_baseline = f"baseline: {baseline}" if baseline else ""
+    (conf / "task" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+        # @package _global_
+        task:
+          name: {name}
+          optimized_metric: val/acc
+          monitor_mode: {monitor_mode}
+          card:
+            {card_baseline}
+            reproduce:
+              claims: {claims}
+              in_quick: true
+        """))
+
+
+def write_variant(conf: Path, task: str, name: str, claims: str | None = None) -> None:
+    (conf / task).mkdir(parents=True, exist_ok=True)
+    line = f"  claims: {claims}\n" if claims else ""
+    (conf / task / f"{name}.yaml").write_text(f"# @package _global_\n{task}:\n  name: {name}\n{line}")
+
+
+def ok(acc: float, baseline: float | None, **metrics) -> dict:
+    values = {"val/acc": acc, **metrics}
+    if baseline is not None:
+        values["val/baseline_acc"] = baseline
+    return {"status": "ok", "metrics": values, "run_dir": "/nowhere"}
+
+
+def test_a_run_that_does_not_beat_its_baseline_is_handed_out_as_failed(tmp_path):
+    conf = tmp_path / "conf"
+    write_task(conf, "toy", "[coda_diversity]")
+    write_task(conf, "lossy", "[coda_diversity]", monitor_mode="min")
+    write_task(conf, "bare", "[coda_diversity]", baseline=None)
+    plan = Plan("quick", tmp_path)
+    results = Results(plan.cards)
+    learned, plateau, missing = Run("toy", "unas", 1), Run("toy", "dnas", 1), Run("toy", "coda", 1)
+    results.add(learned, ok(0.30, 0.20))
+    results.add(plateau, ok(0.20 + DID_LEARN_MARGIN / 2, 0.20))  # within the margin: noise
+    results.add(missing, ok(0.50, None))  # the card names a baseline the run did not log
+    assert results.get(learned) is not None and results.error(learned) is None
+    for run in (plateau, missing):
+        assert results.get(run) is None
+        assert results.error(run).startswith("did not learn: val/acc")
+        assert math.isnan(results.metric(run, "val/acc"))  # claims read nothing from it
+    assert "vs baseline 0.2 (val/baseline_acc)" in results.error(plateau)
+    # lower is better (perplexity): learning means going below the baseline
+    results.add(Run("lossy", "unas", 1), ok(90.0, 100.0))
+    results.add(Run("lossy", "dnas", 1), ok(110.0, 100.0))
+    assert results.get(Run("lossy", "unas", 1)) and not results.get(Run("lossy", "dnas", 1))
+    # a task whose card names no baseline cannot be judged: its runs count
+    results.add(Run("bare", "unas", 1), ok(0.0, None))
+    assert results.get(Run("bare", "unas", 1)) is not None
+    # failures keep their own error; without cards (old callers) nothing is judged
+    results.add(Run("toy", "repulsive", 1), {"status": "failed", "error": "boom"})
+    assert results.error(Run("toy", "repulsive", 1)) == "boom"
+    bare = Results()
+    bare.add(plateau, ok(0.0, 0.5))
+    assert bare.get(plateau) is not None
+    table = results.runs_table()
+    assert "| toy/unas seed 1 | `val/acc` | 0.3 | 0.2 (`val/baseline_acc`) | yes |" in table
+    assert "| toy/dnas seed 1 | `val/acc` | 0.205 | 0.2 (`val/baseline_acc`) | **did not learn** |" in table
+    assert "| bare/unas seed 1 | `val/acc` | 0 | — | not judged |" in table
+
+
+def test_a_claim_draws_no_verdict_from_runs_that_did_not_learn_and_lists_them(tmp_path):
+    conf = tmp_path / "conf"
+    write_task(conf, "toy", "[coda_diversity]")
+    plan = Plan("quick", tmp_path)
+    results = Results(plan.cards)
+    for model, value in {"unas": 0.1, "coda": 0.3}.items():
+        results.add(plan.run("toy", model, 1), ok(0.20, 0.20, **{"test/avg_jsd": value}))
+    result = coda_diversity.evaluate(plan, results, tmp_path)
+    assert result.verdict == NOT_TESTED and "no task has a pair of runs that both learned" in result.reason
+    assert "toy seed 1 / unas: did not learn" in result.details
+    assert "toy seed 1 / coda: did not learn" in result.details
+
+
+def test_a_task_with_a_config_group_of_its_name_enters_each_claim_once_per_variant(tmp_path):
+    conf = tmp_path / "conf"
+    write_task(conf, "probe", "[explaining_away, coda_diversity]")
+    write_variant(conf, "probe", "anything")  # no claims of its own: every claim of the card
+    write_variant(conf, "probe", "slots", "[coda_diversity]")
+    write_task(conf, "plain", "[explaining_away]")
+    plan = Plan("quick", tmp_path)
+    assert plan.variants("plain") == [()]
+    assert plan.claim_variants("explaining_away") == [("plain", ()), ("probe", ("probe=anything",))]
+    assert plan.claim_variants("coda_diversity") == [("probe", ("probe=anything",)),
+                                                     ("probe", ("probe=slots",))]
+    assert plan.label("probe", ("probe=slots",)) == "probe:slots" and plan.label("plain", ()) == "plain"
+    # the tasks' encoders are described with one seed; the probe is the claim's evidence (its
+    # own conf/probe/unmatched_key.yaml, absent here: nothing to train for it)
+    assert set(explaining_away.runs(plan)) == {plan.run("plain", m, 1) for m in ("unas", "dnas")}
+    # head diversity: every variant, each seed of the probe task (5 in quick), UNAS and CODA
+    runs = head_diversity.runs(plan, "coda_diversity", "coda")
+    assert len(runs) == 2 * 5 * 2 and {r.model for r in runs} == {"unas", "coda"}
+
+
+def test_the_probe_task_enters_its_claims_through_its_probes():
+    plan = Plan("quick", ROOT, tasks=("probe",))
+    probes = {f"probe={p.stem}" for p in (ROOT / "conf" / "probe").glob("*.yaml")}
+    runs = [r for r in head_diversity.runs(plan, "coda_diversity", "coda") if r.task == "probe"]
+    entered = {e for r in runs for e in r.extra if e.startswith("probe=")}
+    assert entered == {"probe=head_slots"} and entered <= probes
+    assert all(r.extra[:len(plan.cards["probe"].multi_head)] == plan.cards["probe"].multi_head
+               for r in runs)
+    # explaining away is judged on unmatched_key: its main setting and both controls, 5 seeds
+    probe_runs = [r for r in explaining_away.runs(plan) if r.task == "probe"]
+    assert {e for r in probe_runs for e in r.extra if e.startswith("probe=")} == {"probe=unmatched_key"}
+    assert {r.seed for r in probe_runs} == set(range(1, 6)) and {r.model for r in probe_runs} == {"unas", "dnas"}
+    conditions = {tuple(e for e in r.extra if e.startswith("probe.options.")) for r in probe_runs}
+    assert conditions == {(), ("probe.options.a_queries=false",), ("probe.options.disjoint=true",)}
