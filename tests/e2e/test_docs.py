@@ -244,7 +244,8 @@ def test_the_name_check_tells_moved_names_from_present_ones():
 # ----------------------------------------------------------------------------- the layout
 # the folders whose every module and subfolder docs/architecture.md's layout names, one line each
 COMPLETE = ("src/attnlab", "src/attnlab/attention", "src/attnlab/attention/kernels",
-            "src/attnlab/callbacks", "src/attnlab/reproduce", "tasks/common")
+            "src/attnlab/callbacks", "src/attnlab/study", "src/attnlab/study/compare",
+            "src/attnlab/study/reproduce", "tasks/common")
 
 
 def layout() -> set[str]:

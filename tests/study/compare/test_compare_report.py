@@ -15,8 +15,10 @@ from attnlab.study.compare.analysis import (
     primary_family,
     probe_checks,
 )
+from attnlab.study.compare.plan import MAX_NEEDED
 from attnlab.study.compare.probes import MAIN, NEGATIVE, POSITIVE
 from attnlab.study.compare.writeup import FOREST, contrast_rows, log_to_wandb, write_report
+from attnlab.study.stats import paired_power
 
 _NOISE = (0.0, 0.02, -0.01, 0.015, 0.005, -0.005, 0.01, -0.02)
 
@@ -171,7 +173,10 @@ def test_the_power_and_learning_rate_tables(report):
         assert f"| {p.pilot_pairs} | {p.pilot_sd:.4f} | {p.sd_used:.4f} | 0.05 | " in row
         scheme, against = p.contrast.split(" vs ")
         ran = min(seeds[("p", MAIN, scheme)], seeds[("p", MAIN, against)])
-        assert row.endswith(f"| {p.alpha:.2g} | {p.seeds} | {ran} |")
+        power = paired_power(ran, p.effect, p.sd_used, p.alpha)
+        verdict = f"{power:.2f}" + (" (underpowered)" if power < 0.8 else "")
+        need = f">= {p.seeds}" if p.seeds >= MAX_NEEDED else str(p.seeds)
+        assert row.endswith(f"| {p.alpha:.2g} | {need} | {ran} | {verdict} |")
     rows = [x for x in section(text, "## Learning rates") if x.startswith("| p |")]
     assert "| p | dnas | 0.001: 0.500, 0.003: 0.500, **0.009: 0.900** | 0.400 |" in rows
     assert "| p | unas | 0.001: 0.500, **0.003: 0.900**, 0.009: 0.500 | 0.400 |" in rows

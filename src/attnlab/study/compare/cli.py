@@ -22,7 +22,15 @@ from attnlab.study.compare.analysis import (
     primary_family,
     probe_checks,
 )
-from attnlab.study.compare.plan import COMMON, MODES, SETTINGS, TASK, ComparePlan, discover
+from attnlab.study.compare.plan import (
+    COMMON,
+    MAX_NEEDED,
+    MODES,
+    SETTINGS,
+    TASK,
+    ComparePlan,
+    discover,
+)
 from attnlab.study.compare.probes import probe_cards
 from attnlab.study.compare.writeup import contrast_rows, log_to_wandb, write_report
 from attnlab.study.evidence import default_jobs, git_commit, machine, project_root
@@ -126,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     stage(plan.main_runs(lrs, plan.pilot_seeds()), "pilot")
     seeds, power = plan.seeds_needed(records, lrs)
     for p in power:
+        need = f"{'>= ' if p.seeds >= MAX_NEEDED else ''}{p.seeds}"
         print(f"[compare] power: {p.probe} {p.contrast} {p.outcome}: pilot s.d. {p.pilot_sd:.4f} "
               f"({p.pilot_pairs} pairs; used {p.sd_used:.4f}), effect {p.effect}, alpha "
-              f"{p.alpha:.2g} -> {p.seeds} seeds for 80% power", flush=True)
+              f"{p.alpha:.2g} -> {need} seeds for 80% power (this mode runs at most "
+              f"{plan.settings.max_seeds})", flush=True)
     stage(plan.final_runs(lrs, seeds), "main and controls")
     cells = build_cells(plan, records, lrs)
     primary = primary_family(cells, probes)

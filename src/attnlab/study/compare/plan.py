@@ -5,8 +5,8 @@
    rate on that probe from then on (so no scheme loses to a learning rate), the spread reported;
 2. pilot: the main setting's cells at their rates with seeds 1..`pilot_seeds`: the spread of each
    primary contrast's paired differences gives the seeds it needs for 80 % power at the probe's
-   `min_effect` (attnlab.study.stats.seeds_for_power, at the family's Bonferroni level), capped
-   at `max_seeds`;
+   `min_effect` (attnlab.study.stats.seeds_for_power, at the family's Bonferroni level); a cell
+   runs at most `max_seeds` (the report gives the power at what ran);
 3. the rest: the main cells topped up to their seeds, the controls at `control_seeds`, the
    difficulty sweeps (--full) at `sweep_seeds`.
 
@@ -34,6 +34,7 @@ TASK = "probe"  # the task whose configs the probes select (conf/task/probe.yaml
 REFERENCE = "unas"  # softmax attention: every scheme of an exploratory probe is set against it
 LR_FACTORS = (1 / 3, 1.0, 3.0)  # the grid, around each probe's own rate
 SD_FLOOR = 0.01  # a pilot's spread below this (e.g. every seed at 1.000) counts as this much
+MAX_NEEDED = 200  # the seed counts the power computation reports beyond a mode's cap
 POWER = 0.8
 ALPHA = 0.05
 # the outcomes of every run: final test accuracy (the best checkpoint's) and the area under the
@@ -205,12 +206,14 @@ class ComparePlan:
                             d.append(a - b)
                     sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
                     used = max(sd, SD_FLOOR) if math.isfinite(sd) else math.nan
+                    # what 80 % power needs (up to MAX_NEEDED: more is reported as that), and
+                    # what this mode runs: at most its cap
                     n = (seeds_for_power(card.min_effect, used, alpha, POWER, minimum=2,
-                                         maximum=self.settings.max_seeds)
-                         if math.isfinite(used) else self.settings.max_seeds)
+                                         maximum=MAX_NEEDED)
+                         if math.isfinite(used) else MAX_NEEDED)
                     rows.append(Power(card.name, spec.name, outcome, len(d), sd, used,
                                       card.min_effect, alpha, n))
-                    needed = max(needed, n)
+                    needed = max(needed, min(n, self.settings.max_seeds))
                 for scheme in (spec.scheme, spec.against):
                     key = (card.name, MAIN, scheme)
                     cells[key] = max(cells[key], needed)
@@ -258,7 +261,8 @@ class LrChoice:
 @dataclass(frozen=True)
 class Power:
     """One primary contrast's seed count: the pilot's spread of the paired differences of an
-    outcome, the effect to detect, the (Bonferroni) level, the seeds for 80 % power."""
+    outcome, the effect to detect, the (Bonferroni) level, the seeds for 80 % power (MAX_NEEDED
+    where the spread is unknown or the need larger; a cell runs at most the mode's cap)."""
 
     probe: str
     contrast: str

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.study import stats
 from attnlab.study.compare.analysis import (
     ACC,
     LAYER_DIAGNOSTICS,
@@ -17,7 +18,7 @@ from attnlab.study.compare.analysis import (
     ContrastResult,
     ProbeCheck,
 )
-from attnlab.study.compare.plan import OUTCOMES, ComparePlan, LrChoice, Power, lr_text
+from attnlab.study.compare.plan import MAX_NEEDED, OUTCOMES, ComparePlan, LrChoice, Power, lr_text
 from attnlab.study.compare.probes import MAIN, ProbeCard, same_value
 
 FOREST = "effects.png"
@@ -99,15 +100,21 @@ def power_section(rows: list[Power], seeds: dict) -> list[str]:
               "differences, floored at 0.01, and the seeds a paired t-test needs for 80 % power at "
               "the probe's minimum effect at the family's Bonferroni level (alpha 0.05 / the "
               "family's tests; Holm is at least as powerful). Each cell ran the most its "
-              "contrasts need, at most the mode's cap (then the power at the cap is lower)."), "",
+              "contrasts need, at most the mode's cap; the last column is the power at the seeds "
+              "that ran (below 0.8: underpowered at the stated effect)."), "",
              _row("probe", "contrast", "outcome", "pilot pairs", "pilot s.d.", "s.d. used",
-                  "min effect", "alpha", "seeds for 80 %", "seeds run"), _rule(10)]
+                  "min effect", "alpha", "seeds for 80 %", "seeds run", "power at the seeds run"),
+             _rule(11)]
     for p in rows:
         scheme, against = p.contrast.split(" vs ")
         run = min(seeds.get((p.probe, MAIN, scheme), 0), seeds.get((p.probe, MAIN, against), 0))
+        power = (stats.paired_power(run, p.effect, p.sd_used, p.alpha)
+                 if math.isfinite(p.sd_used) else math.nan)
+        need = f">= {p.seeds}" if p.seeds >= MAX_NEEDED else str(p.seeds)
         lines.append(_row(p.probe, p.contrast, OUTCOME_NAMES.get(p.outcome, p.outcome),
                           p.pilot_pairs, _num(p.pilot_sd, ".4f"), _num(p.sd_used, ".4f"),
-                          p.effect, f"{p.alpha:.2g}", p.seeds, run))
+                          p.effect, f"{p.alpha:.2g}", need, run,
+                          _num(power, ".2f") + (" (underpowered)" if power < 0.8 else "")))
     return lines + [""]
 
 
