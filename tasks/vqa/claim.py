@@ -165,8 +165,9 @@ def judge(engaged: dict[str, dict[str, study_stats.Contrast]]) -> tuple[str, str
         return HOLDS, ""
     if verdicts and all(v in (study_stats.WORSE, study_stats.EQUIVALENT) for v in verdicts):
         return CONTRADICTED, ""
-    parts = [f"{b}/{name} {c.difference:+.3f} [{c.difference_interval[0]:+.3f}, "
-             f"{c.difference_interval[1]:+.3f}] ({c.n} seeds)"
+    parts = [f"{b}/{name} {c.difference:+.3f} " + (
+             f"[{c.difference_interval[0]:+.3f}, {c.difference_interval[1]:+.3f}] ({c.n} seeds)"
+             if c.n > 1 else f"({c.n} seed: no interval, no test)")
              for b, contrasts in engaged.items() for name, c in contrasts.items()]
     return NOT_TESTED, "underpowered: acc_hidden against UNAS " + "; ".join(parts)
 

@@ -87,8 +87,12 @@ class Evidence:
                 return NOT_TESTED, f"mechanism not engaged on {self.probe}: {self.check.summary}"
             return CONTRADICTED, ""
         low, high = c.difference_interval
-        return NOT_TESTED, (f"underpowered: {spec.name} on {self.probe} differs by "
-                            f"{c.difference:+.3f} [{low:+.3f}, {high:+.3f}] over {c.n} seeds")
+        underpowered = (f"underpowered: {spec.name} on {self.probe} differs by "
+                        f"{c.difference:+.3f} [{low:+.3f}, {high:+.3f}] over {c.n} seeds")
+        if not self.check.tests_mechanism:  # more seeds would not make it evidence either
+            return NOT_TESTED, (f"mechanism not engaged on {self.probe}: {self.check.summary}; "
+                                f"and {underpowered}")
+        return NOT_TESTED, underpowered
 
     def text(self, spec: ContrastSpec) -> str:
         c = self.contrasts.get(spec.name)
