@@ -284,11 +284,16 @@ def tost_paired(scheme: Sequence[float], baseline: Sequence[float], margin: floa
 
 
 def _power(n: np.ndarray, effect: float, sd: float, alpha: float) -> np.ndarray:
-    """paired_power for an array of n >= 2 with sd > 0."""
+    """paired_power for an array of n >= 2 with sd > 0. The two-sided power is symmetric in the
+    effect's sign, so the noncentrality is taken positive: the far tail is then tiny, and scipy's
+    noncentral t returns NaN for it at large noncentralities (n = 8, nc 6.6), which counts as 0
+    (a NaN would otherwise turn the sum into NaN, and min(1, NaN) into 1)."""
     df = n - 1.0
-    nc = effect / (sd / np.sqrt(n))
+    nc = abs(effect) / (sd / np.sqrt(n))
     c = _stats.t.ppf(1.0 - alpha / 2.0, df)
-    return _stats.nct.sf(c, df, nc) + _stats.nct.cdf(-c, df, nc)
+    near = _stats.nct.sf(c, df, nc)
+    far = np.nan_to_num(_stats.nct.cdf(-c, df, nc), nan=0.0)
+    return near + far
 
 
 def paired_power(n: int, effect: float, sd: float, alpha: float = 0.05) -> float:

@@ -209,7 +209,7 @@ def forest(results: list[ContrastResult], path: Path) -> Path | None:
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(range(len(mine)), [f"{r.probe}: {r.spec.name}" for r in mine], fontsize=8)
         ax.set_xlabel(f"difference in {OUTCOME_NAMES.get(outcome, outcome)} (95% CI)")
-        ax.invert_yaxis()
+    axes[0][0].invert_yaxis()  # the table's order, top down (the panels share the y axis: once)
     axes[0][0].set_title("primary contrasts (green better, red worse, blue equivalent, grey "
                          "inconclusive)", fontsize=8, loc="left")
     fig.tight_layout()
