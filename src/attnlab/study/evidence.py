@@ -14,7 +14,9 @@ import os
 import platform
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 # every job of a sweep writes this file into its run dir (attnlab.runner)
@@ -145,6 +147,32 @@ def git_commit(root: Path) -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+@dataclass
+class Session:
+    """Where, when and on what a driver's report was made: `Session.begin` when the command
+    starts (the commit it trains, the load on the machine), `meta` when it writes its report."""
+
+    command: str
+    mode: str
+    jobs: int
+    commit: str
+    started: str
+    load_before: float
+    start: float
+
+    @classmethod
+    def begin(cls, command: str, mode: str, root: Path, jobs: int) -> Session:
+        return cls(command, mode, jobs, git_commit(root), datetime.now().strftime(
+            "%Y-%m-%d_%H-%M-%S"), os.getloadavg()[0], time.time())
+
+    def meta(self, trained: int, reused: int) -> dict:
+        return {"command": self.command, "mode": self.mode, "commit": self.commit,
+                "started": self.started, "machine": machine(),
+                "load_before": f"{self.load_before:.1f}",
+                "load_after": f"{os.getloadavg()[0]:.1f}", "jobs": self.jobs,
+                "trained": trained, "reused": reused, "wall_s": time.time() - self.start}
 
 
 def default_jobs() -> int:

@@ -8,10 +8,7 @@ sizes and verdicts (better / worse / equivalent / inconclusive). A second invoca
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
 
 from attnlab.errors import ConfigError
@@ -25,7 +22,6 @@ from attnlab.study.compare.analysis import (
 from attnlab.study.compare.plan import (
     COMMON,
     MAX_NEEDED,
-    MODES,
     SETTINGS,
     TASK,
     ComparePlan,
@@ -33,7 +29,7 @@ from attnlab.study.compare.plan import (
 )
 from attnlab.study.compare.probes import probe_cards
 from attnlab.study.compare.writeup import contrast_rows, log_to_wandb, write_report
-from attnlab.study.evidence import default_jobs, git_commit, machine, project_root
+from attnlab.study.evidence import Session, default_jobs, project_root
 from attnlab.study.launch import dry_run, train
 
 
@@ -106,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    out_dir = (args.out or root / "compare" / stamp).resolve()
+    given = sys.argv[1:] if argv is None else argv
+    session = Session.begin("python -m attnlab.compare " + " ".join(given), args.mode, root,
+                            args.jobs)
+    out_dir = (args.out or root / "compare" / session.started).resolve()
     runs_dir = out_dir / "runs"
     first = plan.lr_runs() or plan.main_runs(plan.choose_lrs({}), plan.pilot_seeds())
     if args.dry_run:
@@ -115,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         print("# later stages (pilot, power, controls) depend on these runs' results")
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, load_before = time.time(), os.getloadavg()[0]
     probes = plan.probes()
     print(f"[compare] {args.mode}: {len(probes)} probe(s) "
           f"({', '.join(p.name for p in probes)}) -> {out_dir}", flush=True)
@@ -144,12 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     primary = primary_family(cells, probes)
     negatives = negative_controls(cells, probes)
     checks = probe_checks(cells, plan, negatives)
-    given = sys.argv[1:] if argv is None else argv
-    meta = {"command": "python -m attnlab.compare " + " ".join(given), "mode": args.mode,
-            "commit": git_commit(root), "started": stamp, "machine": machine(),
-            "load_before": f"{load_before:.1f}", "load_after": f"{os.getloadavg()[0]:.1f}",
-            "jobs": args.jobs, "trained": trained, "reused": len(records) - trained,
-            "wall_s": time.time() - start}
+    meta = session.meta(trained, len(records) - trained)
     report = write_report(out_dir, plan, cells, lrs, power, seeds, primary, negatives,
                           exploratory(cells, plan), checks, meta)
     print("\n".join(contrast_rows(primary)))
@@ -164,5 +156,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["MODES", "main"]

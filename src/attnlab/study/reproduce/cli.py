@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 import traceback
-from datetime import datetime
 from pathlib import Path
 
 from attnlab.errors import ConfigError
-from attnlab.study.evidence import default_jobs, git_commit, machine, not_tested, project_root
+from attnlab.study.evidence import Session, default_jobs, not_tested, project_root
 from attnlab.study.launch import dry_run, train
 from attnlab.study.reproduce.plan import Plan
 from attnlab.study.reproduce.registry import claims as all_claims
@@ -61,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else None
     plan = Plan(args.mode, root, args.wandb, tasks, tuple(args.override))
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    out_dir = (args.out or root / "reproduce" / stamp).resolve()
+    given = sys.argv[1:] if argv is None else argv
+    session = Session.begin("python -m attnlab.reproduce " + " ".join(given), args.mode, root,
+                            args.jobs)
+    out_dir = (args.out or root / "reproduce" / session.started).resolve()
     claims = [known[n] for n in names]
     try:
         wanted = [r for c in claims for r in c.runs(plan)]
@@ -77,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, load_before, commit = time.time(), os.getloadavg()[0], git_commit(root)
     print(f"[reproduce] {args.mode}: claims {', '.join(names)} -> {out_dir}", flush=True)
     records, trained = train(runs, root, out_dir / "runs", plan.common, args.jobs, "reproduce")
     results = Results(plan.cards)  # judges every run against its task's trivial baseline
@@ -91,12 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             outcomes.append(not_tested(claim.NAME, claim.TITLE, claim.PAPER, claim.CLAIM,
                                        f"evaluation failed: {type(exc).__name__}: {exc}"))
-    given = sys.argv[1:] if argv is None else argv
-    meta = {"command": "python -m attnlab.reproduce " + " ".join(given), "mode": args.mode,
-            "commit": commit, "started": stamp, "machine": machine(),
-            "load_before": f"{load_before:.1f}", "load_after": f"{os.getloadavg()[0]:.1f}",
-            "jobs": args.jobs, "trained": trained, "reused": len(records) - trained,
-            "wall_s": time.time() - start}
+    meta = session.meta(trained, len(records) - trained)
     report = write_report(out_dir, outcomes, meta, results.runs_table())
     print(summary_table(outcomes))
     if args.wandb:
