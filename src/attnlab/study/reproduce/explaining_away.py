@@ -113,8 +113,7 @@ def evaluate(plan, results, out_dir: Path) -> ClaimResult:
                  "(a theorem: it holds by construction)."), "", *table,
                  *(f"- {n}" for n in notes)] if table or notes else []
     if evidence is None:
-        reason = (f"the {PROBE} probe was not trained: "
-                  f"{plan.skip_reason(probe_evidence.TASK) or 'no conf/probe/' + PROBE + '.yaml'}")
+        reason = probe_evidence.untrained(plan, PROBE)
         return not_tested(NAME, TITLE, PAPER, CLAIM, reason, details="\n".join(described))
     verdict, reason = evidence.verdict(SPEC)
     details = [(f"Evidence: the {PROBE} probe, main setting and controls, {evidence.seeds} seeds "

@@ -204,8 +204,7 @@ def evaluate(plan, results, out_dir: Path) -> ClaimResult:
     toy_details = ["", "The paper's toy (no training; shown, not evidence):", "", toy_text, "", *table]
     evidence = probe_evidence.evaluate(plan, results, PROBE, (SPEC,))
     if evidence is None:
-        reason = (f"the {PROBE} probe was not trained: "
-                  f"{plan.skip_reason(probe_evidence.TASK) or 'no conf/probe/' + PROBE + '.yaml'}")
+        reason = probe_evidence.untrained(plan, PROBE)
         return not_tested(NAME, TITLE, PAPER, CLAIM, reason, ours=toy_text,
                           details="\n".join(toy_details), figures=figures)
     verdict, reason = evidence.verdict(SPEC)

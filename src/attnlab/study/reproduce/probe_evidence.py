@@ -53,6 +53,12 @@ def compare_plan(plan, probe: str, schemes: tuple[str, ...]) -> ComparePlan | No
     return cp
 
 
+def untrained(plan, probe: str) -> str:
+    """Why a claim's probe has no evidence (evaluate returned None): the reason not tested."""
+    why = plan.skip_reason(TASK) or f"no conf/probe/{probe}.yaml"
+    return f"the {probe} probe was not trained: {why}"
+
+
 def runs(plan, probe: str, schemes: tuple[str, ...]) -> list[Run]:
     cp = compare_plan(plan, probe, schemes)
     if cp is None or plan.skip_reason(TASK):
