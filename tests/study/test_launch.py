@@ -237,3 +237,14 @@ def test_a_run_without_a_metrics_json_is_a_failure_and_trains_again(fake_root, t
     found, trained = train(wanted, fake_root, runs_dir, COMMON, show=False)
     assert trained == 1 and found[wanted[0]]["_path"].endswith("-a1/0_unas_seed1")
     assert (runs_dir / f"{slug('probe', A)}-a2").is_dir()
+
+
+def test_a_key_given_twice_counts_once_with_its_last_value_as_hydra_records_it():
+    """A task's quick setting overridden by --override: Hydra keeps one override per key, the last
+    value, so a run asked with both is the run recorded with the last one (and not the first)."""
+    from attnlab.study.launch import _normalized
+
+    asked = ["task=vqa", "trainer.max_epochs=2", "model=unas", "trainer.max_epochs=1"]
+    recorded = ["task=vqa", "trainer.max_epochs=1", "model=unas"]
+    assert _normalized(asked) == _normalized(recorded)
+    assert _normalized(asked) != _normalized(["task=vqa", "trainer.max_epochs=2", "model=unas"])
