@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?= model=hnas task=vqa
 export ATTNLAB_ROOT := $(CURDIR)
 
-.PHONY: install train test test-slow test-gpu gpu-check bench data lint clean
+.PHONY: install train test test-slow test-gpu gpu-check bench data docs lint clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ bench: install
 data: install
 	$(BIN)/python -m tasks.common.debian --data-dir data/debian
 	$(BIN)/python -m tasks.mt.debian_pairs --data-dir data
+
+# the README's parts the code decides (the model x task matrix), regenerated in place; run it after
+# adding a scheme or a task (tests/e2e/test_docs.py fails until the README is current)
+docs: install
+	$(BIN)/python -m attnlab.docs
 
 lint: install
 	$(BIN)/ruff check src tasks tests bench train.py eval.py

@@ -4,8 +4,9 @@
     python train.py -m model=unas,dnas,hnas task=vqa seed=1,2,3
     python train.py --help          # every config group and option
 
-Exit codes: 0 done, 2 a configuration or data error (one line on stderr), 143 preempted (SIGTERM:
-checkpoints/last.ckpt written), 1 a bug (with its traceback).
+Exit codes: 0 done, 2 a configuration or data error (one line on stderr), 143 preempted (SIGTERM)
+and 130 stopped (Ctrl-C, SIGINT), both with checkpoints/last.ckpt written when it came during
+training, 1 a bug (with its traceback).
 """
 
 import os

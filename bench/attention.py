@@ -48,14 +48,30 @@ METHODS = {
     "dnas_dropout_fused": "DNAS dropout 0.1, fused kernel (attend)",
     "hnas_dropout_fused": "HNAS dropout 0.1, fused kernel (attend)",
     "hnas_dropout_reference": "HNAS dropout 0.1, reference",
+    # row-wise schemes (their CPU fast paths, through attend; b / c per head with a gradient)
+    "sigmoid_fused": "sigmoid, b = -log n (fused row-wise kernel)",
+    "sigmoid_learned_fused": "sigmoid, learned b (fused row-wise kernel)",
+    "sink_fused": "sink, learned b (fused row-wise kernel)",
+    "sink_sdpa_key": "sink as an extra key through SDPA (b fixed, alternative)",
+    "softpick_fused": "softpick (fused row-wise kernel)",
+    "ssmax_scaled": "SSMax, learned c (UNAS-SDPA on scaled q)",
+    "sigmoid_reference": "sigmoid reference (materialized)",
+    # ESPFormer: L = d sliced plans, O(L S^3) time (not in the default set: run with --methods)
+    "esp_chunked": "ESP, chunked over slices (attend)",
+    "esp_reference": "ESP reference (all L plans materialized)",
 }
-DEFAULT_METHODS = [m for m in METHODS if "dropout" not in m]
+ROWWISE = ("sigmoid_fused", "sigmoid_learned_fused", "sink_fused", "sink_sdpa_key",
+           "softpick_fused", "ssmax_scaled")
+DEFAULT_METHODS = [m for m in METHODS if "dropout" not in m and m not in ROWWISE
+                   and m != "sigmoid_reference"]
 # The fallback without a C++ compiler: attend() with the fused kernel switched off.
 COMPOSED = ("dnas_composed", "hnas_composed")
 # Rough number of live (B, H, S, S) float32 tensors at the peak of fwd+bwd, for skipping.
 MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10,
                        "unas_dropout_sdpa": 4, "unas_dropout_reference": 6,
-                       "hnas_dropout_reference": 11}
+                       "hnas_dropout_reference": 11, "sigmoid_reference": 5}
+DEFAULT_METHODS = [m for m in DEFAULT_METHODS if not m.startswith("esp_")]
+MATERIALIZED_COPIES["esp_reference"] = 4 * 64  # plans, soft sorts, their gradients, per slice
 # Work per score (one query-key pair) of each path, as (B, H, S, S)-sized matrix products of
 # inner size d (2 d FLOPs each) and exponentials, forward / backward; the backward includes the
 # scores it recomputes. Matmuls alone give each path's floor against flash (7): DNAS 8/7 =
@@ -68,6 +84,8 @@ WORK_PER_SCORE = """\
 | DNAS fused | 3 mm + 2 exp | 5 mm + 1 exp | 8 mm + 3 exp | 1.14x |
 | HNAS fused | 4 mm + 2 exp | 5 mm + 1 exp | 9 mm + 3 exp | 1.29x |
 | UNAS padded, attend (fused) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
+| sigmoid / sink / softpick fused (row-wise) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
+| SSMax (UNAS on scaled q) | 2 mm + 1 exp | 5 mm + 1 exp | 7 mm + 2 exp | 1 |
 
 mm: flash fwd QK^T, PV; bwd QK^T, dP = g V^T, dV = P^T g, dQ = dS K, dK = dS^T Q. DNAS adds the
 column pass (KQ^T, column LSE) in the forward; its backward runs over blocks of keys against
@@ -77,6 +95,10 @@ twice the width ([V | b V]: both branches' outputs, whose row sums g . O the bac
 the forward timed alone, without gradients, mixes the weights before one P V product: 3 mm),
 and it gets its UNAS weights from the DNAS ones without an exp (Pu = Pd a_i b_j, csrc/fold.h).
 Before (two query-block passes in the backward): DNAS 3 + 6, HNAS 3 + 7 mm, 4 exp each.
+Row-wise schemes (csrc/rowwise.cpp): flash's products and one exponential per score each way
+(sigmoid as exp(-|t|); softpick's and the sink's backward need no extra product: D_i = g_i .
+out_i); SSMax adds an O(S d) scaling of q to flash; the sink as an extra key runs flash on S + 1
+keys (and a copy of K and V).
 """
 FULL_LENGTHS = (128, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 512)
@@ -95,7 +117,7 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
     from attnlab.attention import attend, reference_attend
     from attnlab.attention.kernels import fused
 
-    if ("efficient" in method or "fused" in method) and not fused.load():
+    if ("efficient" in method or "fused" in method or "ssmax" in method) and not fused.load():
         raise SystemExit("the fused kernel did not build (see the warning above)")
 
     def unas_naive(q, k, v):
@@ -125,6 +147,25 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         "hnas_dropout_reference": lambda q, k, v, u: reference_attend(q, k, v, "hnas", u=u,
                                                                       dropout_p=0.1),
     }
+    def sink_sdpa_key(q, k, v, b):
+        """The sink as one more key (score 0, value 0) with the additive bias b_h on it."""
+        zero = q.new_zeros(B, H, 1, d)
+        bias = torch.zeros(1, H, 1, q.shape[-2] + 1)
+        bias[..., -1] = b.detach().view(1, H, 1)
+        return F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2),
+                                              attn_mask=bias)
+
+    methods.update({
+        "sigmoid_fused": lambda q, k, v, u: attend(q, k, v, "sigmoid"),
+        "sigmoid_learned_fused": lambda q, k, v, u: attend(q, k, v, "sigmoid", bias="learned", b=u),
+        "sink_fused": lambda q, k, v, u: attend(q, k, v, "sink", b=u),
+        "sink_sdpa_key": sink_sdpa_key,
+        "softpick_fused": lambda q, k, v, u: attend(q, k, v, "softpick"),
+        "ssmax_scaled": lambda q, k, v, u: attend(q, k, v, "ssmax", c=u),
+        "sigmoid_reference": lambda q, k, v, u: reference_attend(q, k, v, "sigmoid"),
+        "esp_chunked": lambda q, k, v, u: attend(q, k, v, "esp"),
+        "esp_reference": lambda q, k, v, u: reference_attend(q, k, v, "esp"),
+    })
     fn = methods[method]
 
     def inputs(length):

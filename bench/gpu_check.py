@@ -70,11 +70,11 @@ def bench(out: Path) -> tuple[bool, str]:
 
 
 def schemes_for(card) -> list[str]:
-    """Every registered scheme the task takes (a causal task refuses query-normalized ones)."""
-    from attnlab.attention import AttentionSpec, names
+    """Every registered scheme the task takes (a causal task refuses query-normalized ones, the
+    others causal-only ones)."""
+    from attnlab.attention.schemes import fitting
 
-    return [n for n in names()
-            if not (card.causal and AttentionSpec.from_config(n).normalizes_over_queries)]
+    return fitting(causal=card.causal)
 
 
 def train_matrix(out: Path, tasks: list[str] | None, tiny: bool, progress) -> tuple[bool, str]:

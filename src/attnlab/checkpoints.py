@@ -138,8 +138,14 @@ def upgrade_module_config(saved: DictConfig, conf_dir: Path) -> DictConfig:
     """A run config whose `task.module` is flat (before the injected network and optimizer)
     rebuilt in today's layout: the task's current module node (conf/task/<name>.yaml) with every
     option set from the old option of the same name (`lr` -> `optimizer.lr`, `d_model` ->
-    `net.d_model`, ...), resolved against the old run's config. Today's configs pass unchanged."""
+    `net.d_model`, ...), resolved against the old run's config. A `task.module.hybrid_lr` (the
+    learning rate of HNAS's u before every scheme had `model.param_lr`) is dropped: evaluation
+    does not train. Today's configs pass unchanged."""
     module = OmegaConf.select(saved, "task.module")
+    if module is not None and "hybrid_lr" in module:
+        saved = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
+        del saved.task.module["hybrid_lr"]
+        module = saved.task.module
     if module is None or "net" in module:
         return saved
     path = Path(conf_dir) / "task" / f"{saved.task.name}.yaml"

@@ -44,7 +44,7 @@ class Panel:
 class Section:
     name: str
     panels: tuple[Panel, ...]
-    # which runs fill it: "" every run, "hnas" model=hnas, "multihead" attention with >= 2 heads,
+    # which runs fill it: "" every run, "scheme parameters" schemes with parameters, "multihead" attention with >= 2 heads,
     # "classification" tasks whose forward gives class logits (not headline)
     needs: str = ""
 
@@ -69,11 +69,11 @@ def sections(tasks: dict[str, str]) -> list[Section]:
     metric_panels.append(Panel("line", "train/loss", ("train/loss",)))
     return [
         Section("Metrics: mean ± s.e. over seeds, by model", tuple(metric_panels)),
-        Section("HNAS u (weight of DNAS) per layer and head", (
-            Panel("line", "u per layer (mean over heads)", regex=r"^hnas/u/layer\d+$"),
-            Panel("line", "u per head", regex=r"^hnas/u/layer\d+/head\d+$"),
-            Panel("media", "u trajectories", ("hnas/u_trajectories",)),
-        ), needs="hnas"),
+        Section("Scheme parameters per layer and head (HNAS u, a sink's b, ...)", (
+            # <scheme>/<name>/layer{l}[/head{h}] (SchemeParameters): any scheme, none listed here
+            Panel("line", "per layer (mean over heads)", regex=r"^[a-z0-9]+/[a-z0-9_]+/layer\d+$"),
+            Panel("line", "per head", regex=r"^[a-z0-9]+/[a-z0-9_]+/layer\d+/head\d+$"),
+        ), needs="scheme parameters"),
         Section("Explained away: total attention each key receives", (
             Panel("line", "share of keys with sum_i w_ij < 1e-8", regex=r"^explained_away/layer\d+/share_below_"),
             Panel("line", "min column sum x S (the DNAS lemma keeps it >= 1)",

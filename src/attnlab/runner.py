@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab import checkpoints, logger_guard, wandb_runs
-from attnlab.attention import AttentionSpec, hybrid_u_per_layer, names
+from attnlab.attention import AttentionSpec, scheme_values
+from attnlab.attention.schemes import fitting
 from attnlab.callbacks import AfterTestAnalysis
 from attnlab.cards import CONF_DIR
 from attnlab.config_schema import validate
@@ -86,16 +87,22 @@ def build_trainer(cfg: DictConfig, **kwargs) -> pl.Trainer:
 
 
 def check_scheme_fits_task(cfg: DictConfig) -> AttentionSpec:
-    """The model's options are valid, and a task whose scheme runs in causal attention
-    (`task.causal: true`, e.g. a language model) is not given a query-normalized scheme."""
+    """The model's options are valid, a task whose scheme runs in causal attention
+    (`task.causal: true`, e.g. a language model) is not given a query-normalized scheme, and
+    one whose scheme runs in attention that is not causal is not given a causal-only one."""
     spec = AttentionSpec.from_config(cfg.model)
+    if not cfg.task.get("causal", False) and spec.causal_only:
+        raise ConfigError(
+            f"task={cfg.task.name} applies the scheme to attention that is not causal, but "
+            f"model={cfg.model.name} is defined for causal attention only. Use it in a causal task "
+            f"(task=lm), or here one of {', '.join(f'model={n}' for n in fitting(causal=False))}"
+        )
     if cfg.task.get("causal", False) and spec.normalizes_over_queries:
-        fitting = [n for n in names() if not AttentionSpec.from_config(n).normalizes_over_queries]
         raise ConfigError(
             f"task={cfg.task.name} applies the scheme to causal attention, but model={cfg.model.name} "
             f"normalizes over queries ({spec.normalization}): every position's weights would depend on "
             f"future positions. Use a scheme that normalizes over keys: "
-            f"{', '.join(f'model={n}' for n in fitting)}"
+            f"{', '.join(f'model={n}' for n in fitting(causal=True))}"
         )
     return spec
 
@@ -124,8 +131,11 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     return str(found[-1])
 
 
-def hnas_u_per_layer(module: torch.nn.Module) -> dict[str, list[float]]:
-    return {name: [round(float(x), 4) for x in u] for name, u in hybrid_u_per_layer(module).items()}
+def scheme_params(module: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
+    """metrics.json's `scheme_params`: what the schemes report of their own parameters,
+    {"hnas_u": {layer: [u per head]}, "sink_b": {...}}, rounded for reading."""
+    return {key: {layer: [round(float(x), 4) for x in values] for layer, values in layers.items()}
+            for key, layers in scheme_values(module).items()}
 
 
 def wandb_run_info(loggers) -> dict:
@@ -175,8 +185,9 @@ def print_summary(title: str, record: dict) -> None:
             table.add_row(k, f"{v:.4f}")
     console = Console()
     console.print(table)
-    for name, u in record.get("hnas_u", {}).items():
-        console.print(f"HNAS u  {name}: {u}")
+    for key, layers in record.get("scheme_params", {}).items():
+        for name, values in layers.items():
+            console.print(f"{key}  {name}: {values}")
     console.print(f"run dir: {record['run_dir']}")
     if "wandb_run" in record:
         mode = "offline" if record.get("wandb_offline", True) else "online"
@@ -232,7 +243,15 @@ def train(cfg: DictConfig) -> dict:
     val_score = None
     if cfg.get("train", True):
         # weights_only=False: our own checkpoints hold the config (DictConfig) in their hparams
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        except SystemExit as exc:
+            # Lightning answers Ctrl-C with its own exit(1) once PreemptionCheckpoint has written
+            # last.ckpt: name it, so that run_job exits as a shell does on SIGINT (130). (SIGTERM
+            # comes as SIGTERMException, itself a SystemExit: run_job handles it.)
+            if trainer.interrupted and not isinstance(exc, SIGTERMException):
+                raise KeyboardInterrupt from exc
+            raise
         ckpt_cb = trainer.checkpoint_callback
         if ckpt_cb is not None and ckpt_cb.best_model_score is not None:
             val_score = float(ckpt_cb.best_model_score)
@@ -263,7 +282,7 @@ def train(cfg: DictConfig) -> dict:
         "optimized_metric": cfg.optimized_metric,
         "optimized_value": val_score,
         "metrics": metrics,
-        "hnas_u": hnas_u_per_layer(module),
+        "scheme_params": scheme_params(module),
         "run_dir": str(out_dir),
         "wall_s": round(time.time() - t0, 1),
         **wandb_run_info(logger_guard.alive(loggers)),
@@ -288,20 +307,24 @@ def run_job(fn, cfg: DictConfig) -> float | None:
 
     A configuration or data error (attnlab.errors.user_error_message) prints one line and exits
     with code 2. In a multirun a failing job is recorded in its metrics.json (status=failed) and
-    the sweep goes on; a preempted one (SIGTERM) is recorded as interrupted.
+    the sweep goes on; a preempted or stopped one (SIGTERM: exit 143, Ctrl-C: 130) is recorded as
+    interrupted.
     """
     try:
         record = fn(cfg)
         value = record.get("optimized_value")
         return None if value is None else float(value)
-    except SIGTERMException:
-        # preempted: PreemptionCheckpoint wrote last.ckpt; a non-zero exit tells the scheduler
+    except (SIGTERMException, KeyboardInterrupt) as exc:
+        # preempted (SIGTERM) or stopped (Ctrl-C): PreemptionCheckpoint wrote last.ckpt when it
+        # came during training; exit 128 + the signal's number, as a shell reports it (143, 130)
         finish_wandb()
+        signal_name, code = ("SIGTERM", 143) if isinstance(exc, SIGTERMException) else ("SIGINT", 130)
         if is_multirun():
             write_json(Path(cfg.paths.output_dir) / METRICS_FILE,
-                       job_record(cfg, "interrupted", error="SIGTERM: checkpoints/last.ckpt written; "
-                                                             "resume with ckpt_path=<it>"))
-        raise SystemExit(143) from None
+                       job_record(cfg, "interrupted", error=f"{signal_name}: stopped (during training "
+                                                             f"checkpoints/last.ckpt is written first); "
+                                                             f"resume with ckpt_path=<it>"))
+        raise SystemExit(code) from None
     except Exception as exc:
         finish_wandb()
         user_message = user_error_message(
@@ -367,7 +390,7 @@ def evaluate(cfg: DictConfig) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "status": "ok", "ckpt_path": str(ckpt), "split": cfg.split, "task": task_cfg.name,
-        "metrics": to_float_dict(results[0] if results else {}), "hnas_u": hnas_u_per_layer(module),
+        "metrics": to_float_dict(results[0] if results else {}), "scheme_params": scheme_params(module),
         "run_dir": str(out_dir),
     }
     write_json(out_dir / "eval_metrics.json", record)

@@ -6,7 +6,9 @@
         net:          {_target_: tasks.vqa.model.VQAModel, attention: ${model}, hidden_dim: 128, ...}
         optimizer:    {_target_: torch.optim.AdamW, _partial_: true, lr: 1.0e-3, weight_decay: 0.01}
         scheduler:    {_target_: tasks.common.optim.linear_schedule, _partial_: true, warmup: 0.05}  # or null
-        hybrid_lr:    null     # the learning rate of the schemes' own parameters (HNAS's u); null: lr
+
+The schemes' own parameters (HNAS's u, a sink's b) train at their scheme's `model.param_lr`
+(a task's default: `task.param_lr`), without weight decay (`parameter_groups`).
 
 The runner instantiates it with `build_module(cfg.task.module, datamodule.model_kwargs())`: the
 sizes only the data know go into the nodes that take them (a nested `{"net": {...}}` as given; a
@@ -36,7 +38,8 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from attnlab.attention import scheme_parameters
+from attnlab.attention import Normalizer
+from attnlab.attention.schemes import HeadScheme, named_scheme_modules
 from attnlab.checkpoints import upgrade_state_dict
 from attnlab.errors import ConfigError, DataError
 
@@ -50,8 +53,8 @@ class TaskModule(pl.LightningModule):
     what it wants) and its validation/test steps; `training_step` is this class's.
     """
 
-    def __init__(self, net: nn.Module, optimizer: Callable[..., Any], scheduler: Callable | None = None,
-                 hybrid_lr: float | None = None) -> None:
+    def __init__(self, net: nn.Module, optimizer: Callable[..., Any],
+                 scheduler: Callable | None = None) -> None:
         super().__init__()
         # the network is a module (saved in the state dict), not a hyper-parameter
         self.save_hyperparameters(logger=False, ignore=["net"])
@@ -81,8 +84,7 @@ class TaskModule(pl.LightningModule):
     def parameter_groups(self) -> list[dict]:
         opt = self.hparams.optimizer
         keywords = opt.keywords if isinstance(opt, partial) else getattr(opt, "keywords", {}) or {}
-        return parameter_groups(self, float(keywords.get("weight_decay", 0.0)),
-                                hybrid_lr=self.hparams.hybrid_lr)
+        return parameter_groups(self, float(keywords.get("weight_decay", 0.0)))
 
     def configure_optimizers(self) -> Any:
         optimizer = self.hparams.optimizer(params=self.parameter_groups())
@@ -103,26 +105,30 @@ class TaskModule(pl.LightningModule):
         checkpoint["state_dict"] = upgrade_state_dict(checkpoint["state_dict"])
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
-                     hybrid_lr: float | None = None) -> list[dict]:
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None) -> list[dict]:
     """Optimizer groups: decayed matrices, undecayed vectors (biases, norms), and the schemes' own
-    parameters (HNAS's u logits, found by type: `attnlab.attention.scheme_parameters`) without
-    decay, at `hybrid_lr` (None: `lr`, or the optimizer's when that is None too).
+    parameters (HNAS's u logits, a sink's b: the parameters of every `Normalizer` inside `model`,
+    found by type) without decay, one group per scheme learning rate: the scheme's `param_lr`
+    (`model.param_lr`; None: `lr`, or the optimizer's when that is None too).
 
-    No decay on the u logits: it would pull u towards 0.5 and bias where HNAS puts its weight.
-    A larger hybrid_lr gives the few mixing logits room to move in a short run: Adam moves a
+    No decay on them: it would pull u towards 0.5 (a sink's b towards 0) and bias the scheme.
+    A larger param_lr gives these few parameters room to move in a short run: Adam moves a
     parameter by at most about lr per step whatever its gradient's scale, so at lr 1e-3 with
     warmup and decay a logit moves < 0.3 in a 500-step CPU run, while the paper's 125k steps allow
     ~100.
     """
-    hybrid = [p for _, p in scheme_parameters(model) if p.requires_grad]
-    ids = {id(p) for p in hybrid}
+    by_rate: dict[float | None, list[nn.Parameter]] = {}
+    for _, module in named_scheme_modules(model):
+        if isinstance(module, (Normalizer, HeadScheme)):  # a head scheme: its lambdas (diff)
+            rate = lr if module.param_lr is None else module.param_lr
+            own = module.parameters() if isinstance(module, Normalizer) else module.scheme_parameters()
+            by_rate.setdefault(rate, []).extend(p for p in own if p.requires_grad)
+    ids = {id(p) for params in by_rate.values() for p in params}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-    if hybrid:
-        group = {"params": hybrid, "weight_decay": 0.0}
-        rate = lr if hybrid_lr is None else hybrid_lr
+    for rate, params in by_rate.items():
+        group = {"params": list({id(p): p for p in params}.values()), "weight_decay": 0.0}
         if rate is not None:
             group["lr"] = float(rate)
         groups.append(group)

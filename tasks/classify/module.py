@@ -58,14 +58,13 @@ class ClassifyModule(TaskModule):
         net: SelfAttentiveClassifier,
         optimizer: Callable[..., Any],
         scheduler: Callable | None = None,
-        hybrid_lr: float | None = None,
         label_names: list[str] | None = None,
         penalty: float = 0.0,
         heatmap_max_tokens: int = 40,
         pretrained_lr: float | None = None,
         majority_label: int | None = None,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+        super().__init__(net, optimizer, scheduler)
         if penalty < 0:
             raise ConfigError(f"task.penalty={penalty} must be >= 0 (the weight of Lin et al.'s ||AA^T - I||_F^2)")
         if net.hops.hops < 2 and penalty > 0:

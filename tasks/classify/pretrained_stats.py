@@ -102,6 +102,6 @@ def column_statistics(bert: torch.nn.Module, batches: Sequence[tuple[Tensor, Ten
 
 def hybrid_u(bert: torch.nn.Module) -> list[np.ndarray]:
     """HNAS's u per head of each layer (empty for other schemes)."""
-    from attnlab.attention import hybrid_u_per_layer
+    from attnlab.attention import scheme_values
 
-    return [u.numpy() for u in hybrid_u_per_layer(bert).values()]
+    return [u.numpy() for u in scheme_values(bert).get("hnas_u", {}).values()]

@@ -48,7 +48,6 @@ class Seq2SeqModule(TaskModule):
         net: Seq2SeqTransformer,
         optimizer: Callable[..., Any],
         scheduler: Callable | None = None,
-        hybrid_lr: float | None = None,
         *,
         bos_id: int,  # the special tokens' ids: datamodule.model_kwargs()
         eos_id: int,
@@ -59,7 +58,7 @@ class Seq2SeqModule(TaskModule):
         length_penalty: float = 0.6,
         predictions_file: str = "predictions.tsv",
     ) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+        super().__init__(net, optimizer, scheduler)
         self.val_scores = self.make_scores()
         self.test_scores = self.make_scores()
         self._predictions: list[tuple[str, str, str]] = []

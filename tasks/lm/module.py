@@ -60,7 +60,6 @@ class LMModule(TaskModule):
         net: TransformerLM,
         optimizer: Callable[..., Any],
         scheduler: Callable | None = None,
-        hybrid_lr: float | None = None,
         sample_prompts: int = 4,
         prompt_length: int = 16,
         sample_length: int = 32,
@@ -69,7 +68,7 @@ class LMModule(TaskModule):
         sample_seed: int = 0,
         predictions_file: str = "predictions.txt",
     ) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+        super().__init__(net, optimizer, scheduler)
         self.val_nll = TokenNLL()
         self.test_nll = TokenNLL()
         # the unigram model's -log p on the same tokens (the card's trivial baseline, baseline_ppl)

@@ -29,8 +29,8 @@ class MLMModule(TaskModule):
     as the paper) and BERT's warmup + linear decay come injected."""
 
     def __init__(self, net: BertForMLM, optimizer: Callable[..., Any], scheduler: Callable | None = None,
-                 hybrid_lr: float | None = None, unigram_id: int | None = None) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+                 unigram_id: int | None = None) -> None:
+        super().__init__(net, optimizer, scheduler)
         # the datamodule's most frequent training word piece (None: no baseline, e.g. an old
         # checkpoint evaluated without its datamodule)
         self.unigram_id = unigram_id

@@ -72,13 +72,12 @@ class ProbeModule(TaskModule):
         net: ProbeEncoder,
         optimizer: Callable[..., Any],
         scheduler: Callable | None = None,
-        hybrid_lr: float | None = None,
         target_kind: str = SEQUENCE_CLASS,
         baselines: Mapping[str, float] | None = None,
         baseline_name: str = "chance",
         shortcuts: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+        super().__init__(net, optimizer, scheduler)
         if target_kind not in (SEQUENCE_CLASS, TOKEN_CLASS):
             raise ConfigError(f"a probe run trains a class target, not {target_kind!r}")
         self.target_kind = target_kind

@@ -45,10 +45,9 @@ class VQAModule(TaskModule):
         net: VQAModel,
         optimizer: Callable[..., Any],
         scheduler: Callable | None = None,
-        hybrid_lr: float | None = None,
         question_types: Sequence[str] = (),
     ) -> None:
-        super().__init__(net, optimizer, scheduler, hybrid_lr)
+        super().__init__(net, optimizer, scheduler)
         self.question_types = list(question_types)
         self.val_acc = VQAAccuracy(self.question_types)
         self.test_acc = VQAAccuracy(self.question_types)

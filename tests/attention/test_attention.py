@@ -75,17 +75,22 @@ def test_efficient_matches_reference(scheme, shape, backend):
     q, k, v, u, kpm, qpm = make_inputs(S_q=S_q, S_k=S_k, d=d, d_v=d_v, seed=S_q * 31 + S_k)
     tensors = [t.requires_grad_() for t in (q, k, v, u)]
     g_out = torch.randn(q.shape[0], q.shape[1], S_q, d_v)
-    kw = {"key_padding_mask": kpm, "query_padding_mask": qpm, "u": u if scheme == "hnas" else None}
+    causal = NORMALIZERS[scheme].causal_only  # stick-breaking: causal attention only
+    kw = {"key_padding_mask": kpm, "query_padding_mask": qpm, "causal": causal,
+          "u": u if scheme == "hnas" else None}
     if scheme != "hnas":
         tensors = tensors[:3]  # u is an input of hnas only
     got = grads(lambda: attend(q, k, v, scheme, **kw), tensors, g_out)
-    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, u=kw["u"]), tensors, g_out)
+    ref = grads(lambda: reference_attend(q, k, v, scheme, kpm, qpm, causal, u=kw["u"]), tensors,
+                g_out)
     out_f, out_r = got[0], ref[0]
     assert torch.isfinite(out_f).all()
     torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=0)
     for gf, gr in zip(got[1:], ref[1:]):
         assert torch.isfinite(gf).all()
-        torch.testing.assert_close(gf, gr, atol=1e-4, rtol=0)
+        # relative to the gradient's scale where it exceeds 1 (ESP's soft sort at temperature
+        # 1e-3 has gradients ~1e2, whose float32 sums run in another order on each path)
+        torch.testing.assert_close(gf, gr, atol=1e-4 * max(1.0, gr.abs().max().item()), rtol=0)
     # Padded queries give zero rows; batch item 0 has no valid key at all -> zeros.
     assert (out_f[qpm[:, None, :, None].expand_as(out_f)] == 0).all()
     assert (out_f[0] == 0).all()
@@ -231,8 +236,9 @@ def attention_problems(draw):
     scheme = draw(st.sampled_from(SCHEMES))
     n_iter = draw(st.integers(1, 4))
     autocast = draw(st.booleans())
+    causal = NORMALIZERS[scheme].causal_only  # stick-breaking is defined in causal attention only
     return {"q": q, "k": k, "v": v, "u": u, "kpm": kpm, "qpm": qpm, "scheme": scheme, "n_iter": n_iter,
-                "autocast": autocast}
+            "autocast": autocast, "causal": causal}
 
 
 def _maybe_autocast(enabled: bool):
@@ -248,7 +254,7 @@ def test_weight_invariants(p):
         q, k = q.bfloat16(), k.bfloat16()
     with _maybe_autocast(p["autocast"]):
         w = attention_weights(q, k, scheme, key_padding_mask=kpm, query_padding_mask=qpm,
-                              u=p["u"], n_iter=p["n_iter"])
+                              causal=p["causal"], u=p["u"], n_iter=p["n_iter"])
     assert w.dtype == torch.float32  # normalized in float32 even under bf16 autocast
     assert torch.isfinite(w).all()
     assert (w >= 0).all()
@@ -256,7 +262,10 @@ def test_weight_invariants(p):
     assert (w[~(valid_k & valid_q).expand_as(w)] == 0).all()  # padded keys / queries: weight 0
     rows = w.sum(-1)  # (B, H, S_q)
     live_rows = (valid_q[..., 0] & valid_k.any(-1)).expand_as(rows)
-    torch.testing.assert_close(rows[live_rows], torch.ones_like(rows[live_rows]), atol=1e-5, rtol=0)
+    if NORMALIZERS[scheme].rows_sum_to_one:
+        torch.testing.assert_close(rows[live_rows], torch.ones_like(rows[live_rows]), atol=1e-5, rtol=0)
+    elif scheme != "sigmoid":  # sink, softpick, stick-breaking: a row spends at most all its mass
+        assert (rows <= 1 + 1e-5).all()  # (sigmoid's rows are not bounded by 1: up to n / (1 + 1/n))
     if scheme in ("dnas", "hnas", "sinkhorn"):
         # Lemma: every valid key gets total weight >= 1 / (number of valid keys) (times u in HNAS).
         # Sinkhorn too: after a column step every entry is <= 1, so a row sum is <= S_k.
@@ -282,8 +291,8 @@ def _check_attend_is_finite(p):
     kpm, qpm, scheme = p["kpm"], p["qpm"], p["scheme"]
     q, k, v, u = (p[n].clone().requires_grad_() for n in ("q", "k", "v", "u"))
     with _maybe_autocast(p["autocast"]):
-        out = attend(q, k, v, scheme, key_padding_mask=kpm, query_padding_mask=qpm, u=u,
-                     n_iter=p["n_iter"])
+        out = attend(q, k, v, scheme, key_padding_mask=kpm, query_padding_mask=qpm,
+                     causal=p["causal"], u=u, n_iter=p["n_iter"])
     assert out.dtype == (torch.bfloat16 if p["autocast"] else torch.float32)
     assert torch.isfinite(out).all()
     assert (out.float()[qpm[:, None, :, None].expand_as(out)] == 0).all()
@@ -292,7 +301,8 @@ def _check_attend_is_finite(p):
     for t in (q, k, v, u):
         assert t.grad is None or torch.isfinite(t.grad).all()
     if not p["autocast"] and p["q"].abs().max() < 100:
-        ref = reference_attend(p["q"], p["k"], p["v"], scheme, kpm, qpm, u=p["u"], n_iter=p["n_iter"])
+        ref = reference_attend(p["q"], p["k"], p["v"], scheme, kpm, qpm, p["causal"], u=p["u"],
+                               n_iter=p["n_iter"])
         torch.testing.assert_close(out.detach(), ref, atol=1e-5, rtol=1e-5)
 
 

@@ -17,8 +17,8 @@ from attnlab.attention import (
     attend,
     attention_modules,
     attention_weights,
-    hybrid_u_per_layer,
     record_attention,
+    scheme_values,
 )
 from attnlab.attention.schemes import NORMALIZERS
 from attnlab.errors import ConfigError
@@ -57,11 +57,13 @@ def test_mha_is_projections_around_attend(scheme):
     mha = MultiHeadAttention(E, H, spec={"scheme": scheme, "n_iter": 3, "hybrid_init": 0.3}).eval()
     x, mem = torch.randn(2, 5, E), torch.randn(2, 6, E)
     kpm, qpm = padding(2, 6, [6, 3]), padding(2, 5, [4, 5])
-    out = mha(x, mem, key_padding_mask=kpm, query_padding_mask=qpm)
+    causal = NORMALIZERS[scheme].causal_only  # stick-breaking: causal attention only
+    out = mha(x, mem, key_padding_mask=kpm, query_padding_mask=qpm, causal=causal)
     assert out.shape == (2, 5, E)
     q, k, v = split(mha.q_proj(x)), split(mha.k_proj(mem)), split(mha.v_proj(mem))
     u = torch.full((1, H, 1, 1), 0.3) if scheme == "hnas" else None
-    heads = attend(q, k, v, scheme, key_padding_mask=kpm, query_padding_mask=qpm, u=u, n_iter=3)
+    heads = attend(q, k, v, scheme, key_padding_mask=kpm, query_padding_mask=qpm, causal=causal,
+                   u=u, n_iter=3)
     expected = mha.out_proj(heads.transpose(1, 2).reshape(2, 5, E))
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
@@ -87,7 +89,7 @@ def test_hybrid_u_parameter_and_endpoints():
     assert not per_head.normalizer.u.requires_grad
     per_layer = MultiHeadAttention(E, H, spec=AttentionSpec("hnas", hybrid_init=0.5, hybrid_per="layer"))
     assert per_layer.normalizer.hybrid_logit.shape == (1,) and per_layer.normalizer.u.shape == (H,)
-    assert hybrid_u_per_layer(MultiHeadAttention(E, H, spec="dnas")) == {}
+    assert scheme_values(MultiHeadAttention(E, H, spec="dnas")) == {}
     # init 0 / 1 are clamped so the logit is finite ...
     for init in (0.0, 1.0):
         m = MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_init": init})

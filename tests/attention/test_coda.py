@@ -15,9 +15,9 @@ from attnlab.attention import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     attention_modules,
-    hybrid_u_per_layer,
     record_attention,
     run_stack,
+    scheme_values,
 )
 from attnlab.attention.schemes.coda import HeadMixer
 from attnlab.errors import ConfigError
@@ -209,7 +209,7 @@ def test_query_normalization_is_refused_in_decoders_only():
     with pytest.raises(ConfigError, match="decoder"):
         TransformerDecoderLayer(D, H, 32, spec=coda(normalization="hnas"))
     m = MultiHeadAttention(D, H, spec=coda(normalization="hnas"))
-    assert hybrid_u_per_layer(m)[""].shape == (H,)
+    assert scheme_values(m)["hnas_u"][""].shape == (H,)
     # a task's decoder gets the cascade scheme with UNAS; other schemes keep the task's decoder
     dec = coda(normalization="dnas").for_decoder("unas")
     assert dec.scheme == "coda" and dec.normalization == "unas" and dec.transform_options.alpha == 4

@@ -3,6 +3,8 @@ and a scheme registered at run time."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from helpers.paths import ROOT
@@ -95,9 +97,10 @@ def test_transform_options_and_normalization_options_do_not_clash():
     assert type(m.normalizer).__name__ == "Entmax"
 
 
-def test_scheme_parameters_are_found_by_type():
+def test_scheme_parameters_are_found_by_type_and_train_at_their_schemes_rate():
     layers = torch.nn.ModuleList(
-        TransformerEncoderLayer(E, H, 32, spec={"scheme": "coda", "normalization": "hnas"}, layer_index=i)
+        TransformerEncoderLayer(E, H, 32, spec={"scheme": "coda", "normalization": "hnas",
+                                                "param_lr": 0.05}, layer_index=i)
         for i in range(2))
     normalizer_params = dict(scheme_parameters(layers))
     assert sorted(normalizer_params) == ["0.self_attn.normalizer.hybrid_logit",
@@ -108,10 +111,31 @@ def test_scheme_parameters_are_found_by_type():
     assert mixers and all(".transform.mixer." in n and n.startswith("1.") for n in mixers)
     from attnlab.task_module import parameter_groups
 
-    groups = parameter_groups(layers, weight_decay=0.01, lr=1e-3, hybrid_lr=0.05)
+    groups = parameter_groups(layers, weight_decay=0.01, lr=1e-3)
     assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0
     assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in normalizer_params.values()}
     assert sum(len(g["params"]) for g in groups) == len(list(layers.parameters()))
+    # without a param_lr of its own, a scheme's parameters take `lr` (still undecayed)
+    plain = MultiHeadAttention(E, H, spec="hnas")
+    *_, own = parameter_groups(plain, weight_decay=0.01, lr=1e-3)
+    assert own == {"params": [plain.normalizer.hybrid_logit], "weight_decay": 0.0, "lr": 1e-3}
+    # two schemes at two rates: a group each
+    mixed = torch.nn.ModuleList([MultiHeadAttention(E, H, spec={"scheme": "hnas", "param_lr": 0.1}),
+                                 MultiHeadAttention(E, H, spec={"scheme": "hnas", "param_lr": 0.2})])
+    assert [g.get("lr") for g in parameter_groups(mixed, 0.0, lr=1e-3)][-2:] == [0.1, 0.2]
+
+
+def test_schemes_report_their_parameters_per_layer_and_head():
+    from attnlab.attention import scheme_values
+
+    model = torch.nn.ModuleList([MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_init": 0.2}),
+                                 MultiHeadAttention(E, H, spec="dnas"),
+                                 MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_init": 0.7})])
+    values = scheme_values(model)
+    assert list(values) == ["hnas_u"] and list(values["hnas_u"]) == ["0", "2"]
+    torch.testing.assert_close(values["hnas_u"]["0"], torch.full((H,), 0.2))
+    torch.testing.assert_close(values["hnas_u"]["2"], torch.full((H,), 0.7))
+    assert scheme_values(MultiHeadAttention(E, H, spec="unas")) == {}
 
 
 # ----------------------------------------------------------------------------- run-time schemes
@@ -192,3 +216,63 @@ def test_entmax_is_sparse_normalized_and_masks_both_sides(alpha):
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     attend(qg, kg, vg, "entmax", key_padding_mask=mask, query_padding_mask=mask, alpha=alpha).sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg))
+
+
+@dataclass(frozen=True)
+class TemperedOptions:
+    param_lr: float | None = None
+
+
+class Tempered(Normalizer):
+    """A throwaway scheme with a parameter: softmax over keys of t_h * logits, t_h per head."""
+
+    name = "test_tempered"
+    Options = TemperedOptions
+    input_names = ("t",)
+
+    def __init__(self, options=None, num_heads=None):
+        super().__init__(options, num_heads)
+        if num_heads is not None:
+            self.temperature = torch.nn.Parameter(torch.linspace(0.5, 1.5, num_heads))
+
+    def state_inputs(self):
+        return {"t": self.temperature.view(1, -1, 1, 1)} if hasattr(self, "temperature") else {}
+
+    def reported(self):
+        return {"t": self.temperature.detach().clone()}
+
+    def weights(self, logits: Tensor, t: Tensor) -> Tensor:
+        return safe_log_normalize(t * logits, dim=-1).exp()
+
+
+def test_a_new_scheme_with_a_parameter_needs_no_edit_outside_its_class(tmp_path):
+    """Its parameter trains at its own param_lr without decay, is reported per layer and head
+    (scheme_values, metrics.json's scheme_params) and plotted by SchemeParameters: nothing
+    else names it."""
+    import pytorch_lightning as pl
+
+    from attnlab.attention import scheme_values
+    from attnlab.callbacks import SchemeParameters
+    from attnlab.runner import scheme_params
+    from attnlab.task_module import parameter_groups
+
+    register(Tempered)
+    try:
+        model = torch.nn.ModuleList(MultiHeadAttention(E, H, spec={"scheme": "test_tempered",
+                                                                    "param_lr": 0.3})
+                                    for _ in range(2))
+        *_, own = parameter_groups(model, weight_decay=0.1, lr=1e-3)
+        assert own["lr"] == 0.3 and own["weight_decay"] == 0.0
+        assert {id(p) for p in own["params"]} == {id(m.normalizer.temperature) for m in model}
+        values = scheme_values(model)
+        assert list(values) == ["test_tempered_t"] and list(values["test_tempered_t"]) == ["0", "1"]
+        per_head = [0.5, 0.8333, 1.1667, 1.5]  # rounded for reading
+        assert scheme_params(model) == {"test_tempered_t": {"0": per_head, "1": per_head}}
+        # the callback logs and plots it as it does HNAS's u
+        trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, max_steps=0)
+        callback = SchemeParameters()
+        callback._record(trainer, model)
+        assert list(callback.history) == ["test_tempered_t"]
+        assert callback.write_png("test_tempered_t", tmp_path / "t.png").stat().st_size > 1000
+    finally:
+        unregister(Tempered.name)

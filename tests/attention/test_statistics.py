@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnlab.attention import ColumnStats, attention_weights, column_sums
+from attnlab.attention.schemes import NORMALIZERS
 
 
 def random_masks(B, S, p, generator):
@@ -74,3 +75,111 @@ def test_examples_without_a_valid_query_are_left_out():
     stats = ColumnStats()
     stats.update(sums, None, qpm)
     assert stats.compute()["explained_away"] == 0  # the zeros of example 0 do not count
+
+
+# ----------------------------------------------------------------------------- rows that need not sum to 1
+def test_entropy_and_sink_mass_of_sub_stochastic_rows_against_hand_computed_values():
+    from attnlab.attention.statistics import (
+        RowStats,
+        attention_entropy,
+        row_distributions,
+        sink_mass,
+        valid_rows,
+    )
+
+    # one head, four queries over three keys; the last query is padding
+    w = torch.tensor([[[[0.5, 0.25, 0.0],     # mass 3/4: distribution (2/3, 1/3, 0), sink 1/4
+                        [0.0, 0.0, 0.0],      # a valid query attending nowhere: sink 1, entropy 0
+                        [0.2, 0.2, 0.2],      # mass 0.6: uniform, entropy log 3, sink 0.4
+                        [0.0, 0.0, 0.0]]]])   # padding: left out
+    qpm = torch.tensor([[False, False, False, True]])
+    rows = valid_rows(w, qpm, qpm)
+    assert rows.tolist() == [[True, True, True, False]]
+    h0 = math.log(3) - 2 / 3 * math.log(2)
+    entropy = attention_entropy(w, rows)[:, 0]
+    torch.testing.assert_close(entropy, torch.tensor([h0, 0.0, math.log(3)], dtype=torch.float64))
+    torch.testing.assert_close(sink_mass(w, rows)[:, 0], torch.tensor([0.25, 1.0, 0.4], dtype=torch.float64))
+    p = row_distributions(w)
+    assert not p.isnan().any() and torch.allclose(p.sum(-1), torch.ones(1, 1, 4, dtype=torch.float64))
+    assert p[0, 0, 1].tolist() == [0, 0, 0, 1]  # no mass: the point mass on "nowhere"
+    stats, other = RowStats(), RowStats()  # a second DDP process holds the second half
+    stats.update(w[..., :2, :], qpm[:, :2], qpm[:, :2])
+    other.update(w[..., 2:, :], qpm[:, 2:], qpm[:, 2:])
+    stats.merge_state(other)
+    out = stats.compute()
+    assert out["entropy"].item() == pytest.approx((h0 + 0 + math.log(3)) / 3)
+    assert out["sink_mass"].item() == pytest.approx((0.25 + 1 + 0.4) / 3)
+    assert sorted(stats.sink_masses().tolist()) == pytest.approx([0.25, 0.4, 1.0])
+    assert all(math.isnan(v) for v in RowStats().compute().values())
+
+
+def test_jsd_of_sub_stochastic_rows_compares_their_distributions():
+    from attnlab.attention.statistics import jsd_matrix
+
+    w = torch.zeros(1, 3, 2, 3)
+    w[0, 0, 0] = torch.tensor([0.5, 0.25, 0.0])
+    w[0, 1, 0] = torch.tensor([0.2, 0.1, 0.0])   # the same distribution with less mass: JSD 0
+    w[0, 2, 0] = 0.0                              # nowhere: log 2 against both
+    rows = torch.tensor([[True, True]])  # row 1: every head attends nowhere (JSD 0 between them)
+    matrix, n = jsd_matrix(w, rows)
+    assert n == 2 and not matrix.isnan().any()
+    assert matrix[0, 1].item() == pytest.approx(0.0, abs=1e-12)
+    assert matrix[0, 2].item() == pytest.approx(math.log(2)) and matrix[1, 2].item() == pytest.approx(math.log(2))
+
+
+def _weights_of(name, q, k, kpm, qpm):
+    from attnlab.attention import AttentionSpec
+
+    normalizer = AttentionSpec.from_config(name).build_normalizer(q.shape[1])
+    return normalizer.attention_weights(q, k, kpm, qpm, causal=normalizer.causal_only).detach()
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+def test_sink_mass_is_zero_for_normalizing_schemes_and_one_minus_the_row_sum_otherwise(name):
+    from attnlab.attention.statistics import RowStats, attention_entropy, sink_mass, valid_rows
+
+    g = torch.Generator().manual_seed(0)
+    B, H, S = 2, 2, 6
+    q, k = torch.randn(B, H, S, 4, generator=g), torch.randn(B, H, S, 4, generator=g)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[1, 4:] = True
+    w = _weights_of(name, q, k, pad, pad)
+    rows = valid_rows(w, pad, pad)
+    sinks = sink_mass(w, rows)
+    assert sinks.shape == (6 + 4, H)  # the second example's two padded queries left out
+    if NORMALIZERS[name].rows_sum_to_one:
+        assert sinks.abs().max() < 1e-5, name
+    else:
+        torch.testing.assert_close(sinks, 1 - w.double().sum(-1).transpose(1, 2)[rows])
+    entropy = attention_entropy(w, rows)
+    assert torch.isfinite(entropy).all() and (entropy >= -1e-9).all()
+    assert (entropy <= math.log(S) + 1e-6).all()
+    stats = RowStats()
+    stats.update(w, pad, pad)
+    assert stats.compute()["sink_mass"].item() == pytest.approx(float(sinks.mean()), abs=1e-6)
+
+
+def test_a_sink_scheme_s_sink_mass_is_the_sink_s_share():
+    """A throwaway softmax with one extra logit b per head (the sink): the sink mass is
+    exp(b) / (exp(b) + sum_j exp(s_ij)), the weight the sink took."""
+    from attnlab.attention.schemes import Normalizer, register, unregister
+    from attnlab.attention.statistics import sink_mass, valid_rows
+
+    @register
+    class ZeroSink(Normalizer):
+        name = "zero_sink_test"
+        rows_sum_to_one = False
+
+        def weights(self, logits, **inputs):
+            sink = torch.zeros_like(logits[..., :1])
+            return torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+
+    try:
+        g = torch.Generator().manual_seed(1)
+        q, k = torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g)
+        w = _weights_of("zero_sink_test", q, k, None, None)
+        s = q @ k.transpose(-1, -2) / 2.0  # scores scaled by 1/sqrt(d)
+        expected = 1 / (1 + s.double().exp().sum(-1))  # exp(0) / (exp(0) + sum exp s)
+        torch.testing.assert_close(sink_mass(w, valid_rows(w)), expected.transpose(1, 2)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        unregister("zero_sink_test")

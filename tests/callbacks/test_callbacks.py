@@ -1,4 +1,4 @@
-"""Analysis callbacks on a tiny real model and Trainer (no mocks): HybridWeights, ExplainedAway."""
+"""Analysis callbacks on a tiny real model and Trainer (no mocks): SchemeParameters, ExplainedAway."""
 
 import csv
 
@@ -7,8 +7,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnlab.attention import MultiHeadAttention, hybrid_u_per_layer, names
-from attnlab.callbacks import ExplainedAway, HybridWeights
+from attnlab.attention import MultiHeadAttention, names, scheme_values
+from attnlab.callbacks import ExplainedAway, SchemeParameters
 
 
 def random_masks(B, S, p, generator):
@@ -57,7 +57,7 @@ def tiny_loader():
 def test_callbacks_log_u_and_explained_away_to_a_real_logger(tmp_path):
     pl.seed_everything(0)
     model = TinyAttentionModel()
-    hybrid = HybridWeights(every_n_steps=2)
+    hybrid = SchemeParameters(every_n_steps=2)
     trainer = pl.Trainer(
         max_epochs=2, default_root_dir=tmp_path, logger=pl.loggers.CSVLogger(tmp_path, name="csv", version=""),
         callbacks=[hybrid, ExplainedAway(max_batches=2)], enable_progress_bar=False,
@@ -75,9 +75,14 @@ def test_callbacks_log_u_and_explained_away_to_a_real_logger(tmp_path):
         assert f"explained_away/layer{l}/share_below_1e-08" in columns
     # the last logged u is the module's u, and training moved it away from its init
     final = [float(r["hnas/u/layer1/head0"]) for r in rows if r.get("hnas/u/layer1/head0")][-1]
-    assert abs(final - float(hybrid_u_per_layer(model)["layers.1"][0])) < 1e-6
+    assert abs(final - float(scheme_values(model)["hnas_u"]["layers.1"][0])) < 1e-6
     assert abs(final - 0.3) > 1e-4
-    assert hybrid.steps[0] == 0 and hybrid.steps[-1] == trainer.global_step
+    steps = hybrid.history["hnas_u"]["steps"]
+    assert steps[0] == 0 and steps[-1] == trainer.global_step
+    # the trajectory survives a resume (the callback's state goes into the checkpoint)
+    restored = SchemeParameters()
+    restored.load_state_dict(hybrid.state_dict())
+    assert restored.history == hybrid.history
     assert (tmp_path / "hnas_u.png").stat().st_size > 1000
     assert (tmp_path / "explained_away.png").stat().st_size > 1000
     # the explained-away scalars reach callback_metrics (hence metrics.json) too
@@ -86,25 +91,29 @@ def test_callbacks_log_u_and_explained_away_to_a_real_logger(tmp_path):
     assert all(not m._recorders for m in model.layers)
 
 
-def test_hybrid_weights_ignores_models_without_hnas(tmp_path):
+def test_scheme_parameters_ignores_models_whose_schemes_have_none(tmp_path):
     model = TinyAttentionModel(scheme="unas")
-    hybrid = HybridWeights(every_n_steps=1)
+    hybrid = SchemeParameters(every_n_steps=1)
     trainer = pl.Trainer(max_steps=2, default_root_dir=tmp_path, logger=False, callbacks=[hybrid],
                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(model, tiny_loader())
-    assert hybrid.steps == [] and not (tmp_path / "hnas_u.png").exists()
+    assert hybrid.history == {} and not list(tmp_path.glob("*.png"))
 
 
 class TinyClassifier(pl.LightningModule):
-    """Two encoder layers of any scheme, mean-pooled into 3 classes (calibration needs a classifier)."""
+    """Two encoder layers of any scheme, mean-pooled into 3 classes (calibration needs a classifier);
+    causal self-attention for a scheme defined only there (stickbreaking)."""
 
     def __init__(self, scheme):
         super().__init__()
-        from attnlab.attention import TransformerEncoderLayer
+        from attnlab.attention import AttentionSpec, TransformerEncoderLayer
+
+        causal = AttentionSpec.from_config(scheme).causal_only
 
         self.embed = torch.nn.Linear(4, 16)
         self.layers = torch.nn.ModuleList(
-            TransformerEncoderLayer(16, 2, 32, 0.0, spec={"scheme": scheme, "hybrid_init": 0.3}, layer_index=i)
+            TransformerEncoderLayer(16, 2, 32, 0.0, spec={"scheme": scheme, "hybrid_init": 0.3}, layer_index=i,
+                                    causal=causal)
             for i in range(2))
         self.head = torch.nn.Linear(16, 3)
 
@@ -146,7 +155,7 @@ def test_every_registered_scheme_with_every_analysis_callback(scheme, tmp_path):
     importance = HeadImportance(max_batches=1)
     trainer = pl.Trainer(max_steps=3, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, num_sanity_val_steps=0, enable_model_summary=False,
-                         callbacks=[HybridWeights(every_n_steps=1), ExplainedAway(max_batches=2),
+                         callbacks=[SchemeParameters(every_n_steps=1), ExplainedAway(max_batches=2),
                                     HeadDiversity(max_batches=2), Calibration(n_bins=5), importance])
     trainer.fit(model, data, data)
     m = dict(trainer.callback_metrics)
@@ -154,13 +163,20 @@ def test_every_registered_scheme_with_every_analysis_callback(scheme, tmp_path):
     m.update(trainer.callback_metrics)
     summary = importance.after_test(trainer, model, pl.LightningDataModule.from_datasets(
         val_dataset=data.dataset, batch_size=8), "val/loss", "min")
+    spec = AttentionSpec.from_config(scheme)  # a head scheme (diff) recombines rows: not stochastic
+    rows_sum_to_one = spec.normalizer_class.rows_sum_to_one and getattr(spec, "head_scheme", None) is None
     for l in range(2):
         assert torch.isfinite(m[f"explained_away/layer{l}/min_col_sum_times_S"])
+        assert torch.isfinite(m[f"explained_away/layer{l}/entropy"])
+        sink = m[f"explained_away/layer{l}/sink_mass"]  # mean 1 - row sum: 0 where rows sum to 1
+        assert torch.isfinite(sink) and (abs(float(sink)) < 1e-5 or not rows_sum_to_one)
     if AttentionSpec.from_config(scheme).normalization in ("dnas", "sinkhorn"):  # the DNAS lemma
         assert all(m[f"explained_away/layer{l}/min_col_sum_times_S"] >= 1 - 1e-4 for l in range(2))
     for key in ("val/avg_jsd", "val/head_distance", "test/avg_jsd", "val/ece", "test/oe"):
         assert torch.isfinite(m[key]), key
     assert len(summary) == 3 and (tmp_path / "head_importance.csv").is_file()
     assert (tmp_path / "head_jsd.png").is_file() and (tmp_path / "explained_away.png").is_file()
-    has_u = bool(hybrid_u_per_layer(model))
-    assert (tmp_path / "hnas_u.png").is_file() == has_u == (scheme == "hnas")
+    # one trajectory plot per quantity a scheme reports (HNAS: u), none for the others
+    reported = set(scheme_values(model))
+    assert all((tmp_path / f"{key}.png").is_file() for key in reported)
+    assert (tmp_path / "hnas_u.png").is_file() == (reported == {"hnas_u"}) == (scheme == "hnas")

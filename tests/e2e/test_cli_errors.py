@@ -111,6 +111,22 @@ CONFIGS = [[f"task={p.stem}"] for p in sorted((ROOT / "conf" / "task").glob("*.y
     ["hardware=ddp_cpu", "logger=many", "callbacks=minimal", "debug=overfit"]]
 
 
+PRESETS = sorted((ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_preset_selects_its_task(preset, tmp_path):
+    """`experiment=<task>_...` alone composes onto its own task (not onto the default vqa)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab import config_args
+
+    config_args.register(ROOT / "conf")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={preset.stem}", f"paths.output_dir={tmp_path}"])
+    assert cfg.task.name == preset.stem.split("_")[0]
+
+
 @pytest.mark.parametrize("overrides", CONFIGS, ids=[" ".join(c) for c in CONFIGS])
 def test_every_shipped_config_passes_validation(overrides, tmp_path):
     """No false alarms: the configs the project ships are valid (every task, preset, group)."""

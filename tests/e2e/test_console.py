@@ -29,5 +29,5 @@ def test_a_tiny_run_prints_no_known_harmless_warning(tmp_path, data_dir):
     assert proc.returncode == 0, out[-5000:]
     found = {name: text for name, text in NOISE.items() if text in out}
     assert not found, f"{found} in:\n{out[-5000:]}"
-    for wanted in ("Total params", "test/acc", "run dir:", "HNAS u"):  # the summary and results
+    for wanted in ("Total params", "test/acc", "run dir:", "hnas_u"):  # the summary and results
         assert wanted in out, (wanted, out[-3000:])

@@ -3,9 +3,7 @@
 show (config options, modules, make targets, repository paths, overrides) exist, every Python name
 they write (`attnlab.x.y`, `tasks.x.y`) is defined, docs/architecture.md's layout names every module
 that exists and nothing that does not, and every link between the pages reaches a page and a
-heading.
-
-    PYTHONPATH=tests python -m e2e.test_docs    # (from the root) the matrix, to paste in
+heading. The matrix itself is written by `make docs` (`python -m attnlab.docs`).
 """
 
 from __future__ import annotations
@@ -18,9 +16,10 @@ from pathlib import Path
 import pytest
 from helpers.paths import CONF, ROOT
 
+from attnlab.docs import MATRIX_BEGIN, MATRIX_END, between, cell, matrix, render
+
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-MATRIX_BEGIN, MATRIX_END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # the error table shows bad commands on purpose (tests/e2e/test_cli_errors.py checks it)
 SKIPPED = ("<!-- error-table:begin -->", "<!-- error-table:end -->")
 GROUPS = ("model", "task", "experiment", "hardware", "logger", "callbacks", "debug",
@@ -28,61 +27,41 @@ GROUPS = ("model", "task", "experiment", "hardware", "logger", "callbacks", "deb
 
 
 # ----------------------------------------------------------------------------- the matrix
-def cell(scheme: str, card) -> str:
-    """Where `model=<scheme>` runs in the task: asked of the code that decides it."""
-    from omegaconf import OmegaConf
-
-    from attnlab.attention import AttentionSpec
-    from attnlab.errors import ConfigError
-    from attnlab.runner import check_scheme_fits_task
-
-    cfg = OmegaConf.create({"model": {"name": scheme, "scheme": scheme},
-                            "task": {"name": card.name, "causal": card.causal}})
-    try:
-        check_scheme_fits_task(cfg)
-    except ConfigError:
-        return "refused"
-    spec = AttentionSpec.from_config(scheme)
-    if card.encoder_layers is not None and spec.for_decoder() != spec:
-        return "encoder"  # the task has a decoder, which stays UNAS
-    return "runs"
-
-
-def matrix() -> str:
-    """The README's model x task table: a row per registered scheme, a column per task card."""
-    from attnlab.attention import names
-    from attnlab.cards import task_cards
-
-    cards = task_cards(CONF)
-    lines = ["| `model=` | " + " | ".join(f"`task={t}`" for t in cards) + " |",
-             "|---|" + "---|" * len(cards)]
-    for scheme in names():
-        cells = " | ".join(cell(scheme, card) for card in cards.values())
-        lines.append(f"| `{scheme}` | {cells} |")
-    return "\n".join(lines)
-
-
-def between(text: str, begin: str, end: str) -> str:
-    return text[text.index(begin) + len(begin): text.index(end)].strip()
-
-
 def test_readme_matrix_is_generated_from_the_code():
-    assert between(README.read_text(), MATRIX_BEGIN, MATRIX_END) == matrix(), (
-        "the README's model x task matrix is stale; paste the output of "
-        "`PYTHONPATH=tests python -m e2e.test_docs` between its markers")
+    assert between(README.read_text(), MATRIX_BEGIN, MATRIX_END) == matrix(CONF), (
+        "the README's model x task matrix is stale (a scheme or a task was added or changed); "
+        "run `make docs` (python -m attnlab.docs), which rewrites it between its markers")
+
+
+def test_make_docs_rewrites_only_the_matrix(tmp_path):
+    from attnlab.docs import main
+
+    stale = README.read_text().replace(MATRIX_END, "| `old` | row |\n" + MATRIX_END)
+    readme = tmp_path / "README.md"
+    readme.write_text(stale)
+    assert main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale
+    assert main(["--readme", str(readme)]) == 0
+    assert readme.read_text() == render(README.read_text(), CONF)
+    assert between(readme.read_text(), MATRIX_BEGIN, MATRIX_END) == matrix(CONF)
+    assert main(["--readme", str(readme), "--check"]) == 0
 
 
 def test_matrix_follows_the_rule_the_docs_state():
     """Query-normalized schemes are refused by causal tasks and run in every other task's
-    encoder; every other scheme runs everywhere."""
-    from attnlab.attention import names, query_normalized
+    encoder; causal-only schemes (stickbreaking) are refused by every task that is not causal
+    (an encoder-decoder task applies the scheme to its encoder); every other scheme runs
+    everywhere."""
+    from attnlab.attention import AttentionSpec
+    from attnlab.attention.schemes import names, query_normalized
     from attnlab.cards import task_cards
 
+    causal_only = {n for n in names() if AttentionSpec.from_config(n).causal_only}
     for card in task_cards(CONF).values():
         for scheme in names():
-            refused = card.causal and scheme in query_normalized()
+            refused = (card.causal and scheme in query_normalized()) or (
+                not card.causal and scheme in causal_only)
             assert (cell(scheme, card) == "refused") == refused, (scheme, card.name)
-            if scheme not in query_normalized():
+            if scheme not in query_normalized() and not refused:
                 assert cell(scheme, card) == "runs", (scheme, card.name)
 
 
@@ -377,7 +356,3 @@ def test_every_override_named_exists(page, composed):
                                  for cfg in composed):
                 missing.add(match.group(1))
     assert not missing, f"{page} names keys no config has: {sorted(missing)}"
-
-
-if __name__ == "__main__":
-    print(matrix())

@@ -62,7 +62,7 @@ def test_kill_9_then_resume_reaches_the_same_metrics(kill, mid_epoch, uninterrup
     record = finished(tmp_path / "outputs")
     for key in ("test/acc", "val/acc", "val/loss"):
         assert record["metrics"][key] == pytest.approx(uninterrupted["metrics"][key], abs=1e-6), key
-    assert record["hnas_u"] == uninterrupted["hnas_u"]
+    assert record["scheme_params"] == uninterrupted["scheme_params"]
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):

@@ -129,7 +129,6 @@ TOY_FILES = {
               _partial_: true
               lr: 1.0e-2
             scheduler: null
-            hybrid_lr: null
     ''',
 }
 ANYWHERE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache",

@@ -26,7 +26,7 @@ from attnlab import dashboards, sync, wandb_runs
 WANDB = [sys.executable, "-m", "wandb"]
 # W&B on, every analysis on (>= 2 heads, so head diversity and importance have pairs), u at every step
 COMMON = ["logger=wandb", "callbacks.progress_bar=null", "trainer.enable_model_summary=false",
-          "trainer.log_every_n_steps=1", "callbacks.hybrid_weights.every_n_steps=1",
+          "trainer.log_every_n_steps=1", "callbacks.scheme_parameters.every_n_steps=1",
           "callbacks.head_importance.max_batches=1"]
 VQA = ["task=vqa", *TINY["vqa"], "model=hnas", *COMMON, "task.module.net.fusion_heads=2", "trainer.max_epochs=2",
        "logger.wandb.log_model=best"]
@@ -115,8 +115,10 @@ def test_dashboard_keys_are_logged(task, task_runs):
     media_type = {"media": "image-file", "table": "table-file", "histogram": "histogram"}
     for section in dashboards.sections({task: metric}):
         if (section.needs == "classification" and not CARDS[task].classification
-                or section.needs == "hnas" and model_of(task) != "hnas"):
+                or section.needs == "scheme parameters" and model_of(task) != "hnas"):
             assert not any(k in summary for p in section.panels for k in p.keys), section.name
+            assert not any(re.search(p.regex, k) for p in section.panels if p.regex
+                           for k in summary), section.name
             continue
         for panel in section.panels:
             found = [k for k in summary if re.search(panel.regex, k)] if panel.regex else list(panel.keys)

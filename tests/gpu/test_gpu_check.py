@@ -46,8 +46,9 @@ def test_make_targets_run_the_script_and_the_gpu_tests_without_the_interpreter()
 def test_the_matrix_takes_every_scheme_a_task_accepts():
     script = load_script()
     for card in CARDS.values():
-        refused = {n for n in names()
-                   if card.causal and AttentionSpec.from_config(n).normalizes_over_queries}
+        specs = {n: AttentionSpec.from_config(n) for n in names()}  # causal-only: stickbreaking, selective
+        refused = {n for n, s in specs.items() if (s.normalizes_over_queries if card.causal else s.causal_only)}
         assert script.schemes_for(card) == [n for n in names() if n not in refused]
         assert not card.causal or refused  # a causal task refuses DNAS at least
+        assert card.causal or "stickbreaking" in refused  # the others stick-breaking
     assert "hardware=gpu" in script.RUN_OVERRIDES and "trainer.max_steps=30" in script.RUN_OVERRIDES

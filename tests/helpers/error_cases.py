@@ -14,6 +14,7 @@ line.
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ CASES: list[Case] = [
     Case("a task that does not exist", ("task=nope",), "task=nope"),
     Case("a mistyped Trainer argument", ("trainer.max_step=40",), "trainer.max_step=40"),
     Case("a mistyped task option", ("task.module.optimizer.lrr=0.1",), "task.module.optimizer.lrr=0.1"),
-    Case("a mistyped callback argument", ("callbacks.hybrid_weights.every_n_step=5",),
-         "callbacks.hybrid_weights.every_n_step"),
+    Case("a mistyped callback argument", ("callbacks.scheme_parameters.every_n_step=5",),
+         "callbacks.scheme_parameters.every_n_step"),
     Case("a mistyped logger argument", ("logger=csv", "logger.csv.flush_every=5"), "logger.csv.flush_every"),
     Case("an argument the class does not take, added with +", ("+task.module.net.foo=1",), "task.module.net.foo"),
     Case("an override that does not parse", ("trainer.max_steps=[",), "trainer.max_steps=["),
@@ -128,7 +129,7 @@ FAULTS: list[tuple[str, str, str]] = [
      "the previous checkpoint stays whole and loadable (written to `.<name>.partial`, then renamed)",
      "test_faults.py::test_a_kill_during_a_save_leaves_the_previous_checkpoint"),
     ("SIGTERM / Ctrl-C (preemption)",
-     "`checkpoints/last.ckpt` is written, exit code 143; `ckpt_path=last` resumes",
+     "`checkpoints/last.ckpt` is written, exit code 143 (SIGTERM) or 130 (Ctrl-C); `ckpt_path=last` resumes",
      "test_cli.py::test_sigterm_writes_a_checkpoint_that_resumes"),
     ("a truncated data cache (the VQA `.npz`, Debian `records.jsonl`; the MLM token cache alike)",
      "`rebuilding the cache because ...`, then the run goes on",
@@ -173,7 +174,11 @@ def command(case: Case) -> str:
 
 
 def shown(line: str, tmp: Path) -> str:
-    """An error line as docs/errors.md shows it: the temp folder as <dir>, pipes escaped."""
+    """An error line as docs/errors.md shows it: the temp folder as <dir>, pipes escaped, and
+    the list of `model=` choices as `<every conf/model/*.yaml>` (so that a new scheme, its file
+    and YAML, leaves this page as it is)."""
+    line = re.sub(r"choose one of coda, [a-z0-9_, ]+, e\.g\. model=", "choose one of <every "
+                  "conf/model/*.yaml>, e.g. model=", line)
     return line.replace(str(tmp), "<dir>").replace("|", "\\|")
 
 

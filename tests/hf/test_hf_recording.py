@@ -1,6 +1,6 @@
 """attnlab's recording and analyses see a transformers model's attention: record_attention gives
 each layer's weights as the scheme's reference computes them from that layer's q and k,
-hybrid_u_per_layer finds u, and HeadImportance's masked head zeroes exactly that head."""
+scheme_values finds u, and HeadImportance's masked head zeroes exactly that head."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from attnlab.attention import (
     attention_modules,
     attention_weights,
-    hybrid_u_per_layer,
     record_attention,
+    scheme_values,
 )
 from attnlab.callbacks.head_importance import masked_head
 from attnlab.hf import SchemeAttention, use_scheme
@@ -58,9 +58,9 @@ def test_record_attention_sees_every_layer_with_the_schemes_weights(scheme):
         assert record.column_sums.shape == (2, 4, 9)
 
 
-def test_hybrid_u_per_layer_names_the_hf_layers():
+def test_scheme_values_name_the_hf_layers():
     model = use_scheme(tiny_bert(), "hnas", hybrid_init=0.2, hybrid_per="layer")
-    found = hybrid_u_per_layer(model)
+    found = scheme_values(model)["hnas_u"]
     assert list(found) == [f"encoder.layer.{i}.attention.self.attnlab" for i in range(2)]
     assert all(torch.allclose(u, torch.full((4,), 0.2)) for u in found.values())
 

@@ -1,24 +1,27 @@
-"""Attention schemes (UNAS, DNAS, HNAS, Sinkhorn, entmax; CODA, RealFormer), the functional API,
+"""Attention schemes (UNAS, DNAS, HNAS, Sinkhorn, entmax, sigmoid, sink, softpick, SSMax,
+stick-breaking; CODA, RealFormer), the functional API,
 modules, layers, stacks, incremental decoding (KV caches) and recording.
 
 See docs/architecture.md for the contract of every public name.
 """
 
 from attnlab.attention.functional import attend, attention_weights, reference_attend
+from attnlab.attention.gate import OutputGate
 from attnlab.attention.kv_cache import DecoderCache, KeyValues, KVCache, PrefixCache, cacheable
 from attnlab.attention.layers import StackCarry, TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.mha import MultiHeadAttention, attention_modules
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.recording import record_attention
 from attnlab.attention.schemes import (
+    HeadScheme,
     LogitTransform,
     Normalizer,
     names,
     query_normalized,
     register,
     scheme_parameters,
+    scheme_values,
 )
-from attnlab.attention.schemes.hnas import hybrid_u_per_layer
 from attnlab.attention.spec import AttentionSpec
 from attnlab.attention.stack import run_stack, step_stack
 from attnlab.attention.statistics import ColumnStats, column_sums
@@ -28,11 +31,13 @@ __all__ = [
     "AttentionSpec",
     "ColumnStats",
     "DecoderCache",
+    "HeadScheme",
     "KVCache",
     "KeyValues",
     "LogitTransform",
     "MultiHeadAttention",
     "Normalizer",
+    "OutputGate",
     "PrefixCache",
     "StackCarry",
     "TransformerDecoderLayer",
@@ -42,7 +47,6 @@ __all__ = [
     "attention_weights",
     "cacheable",
     "column_sums",
-    "hybrid_u_per_layer",
     "names",
     "query_normalized",
     "record_attention",
@@ -50,5 +54,6 @@ __all__ = [
     "register",
     "run_stack",
     "scheme_parameters",
+    "scheme_values",
     "step_stack",
 ]

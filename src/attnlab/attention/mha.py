@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.gate import OutputGate
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.reference import masked_logits, valid_mask
 from attnlab.attention.schemes import apply_weights
@@ -31,7 +32,10 @@ class MultiHeadAttention(nn.Module):
     heads split vdim and the output has vdim features.
 
     The scheme is `self.normalizer` (e.g. HNAS, which owns its `u`), after `self.transform` for
-    cascade schemes (CODA, RealFormer). `layer_index` is this module's position in its cascade
+    cascade schemes (CODA, RealFormer); `self.head_scheme` (diff, else None) computes the heads'
+    outputs from the normalizer's maps. `self.gate` (model.gate; None when off, and always where
+    project_values=False: there is no output projection to gate before) multiplies each head's
+    output by sigmoid(query W_g) before out_proj. `layer_index` is this module's position in its cascade
     stack: from 1 on it must be given the previous layer's logits (`prev_logits`), which
     `forward(..., return_logits=True)` returns; `attnlab.attention.run_stack` threads them.
 
@@ -89,6 +93,13 @@ class MultiHeadAttention(nn.Module):
             self.out_dim = self.vdim
         self.normalizer = self.spec.build_normalizer(num_heads)
         self.transform = self.spec.build_transform(num_heads, receives_logits=self.layer_index > 0)
+        # a head scheme (diff) computes the heads' outputs itself, from the normalizer's maps
+        self.head_scheme = self.spec.build_head_scheme(num_heads, self.head_dim,
+                                                       self.out_dim // num_heads, embed_dim,
+                                                       self.layer_index)
+        # the output gate (model.gate) sits before the output projection: none without one
+        self.gate = (OutputGate(self.spec.gate, embed_dim, num_heads, self.out_dim // num_heads, bias)
+                     if self.spec.gate is not None and project_values else None)
         # the role (encoder | decoder | cross) lets training rules pick stacks
         self.role = "decoder" if is_decoder else "encoder"
         self._recorders: list = []  # open record_attention handles (attention/recording.py)
@@ -150,7 +161,9 @@ class MultiHeadAttention(nn.Module):
         (B, S_q, out_dim) and the logits passed on in a cascade (or None)."""
         q = self._split(self.q_proj(query))
         out, logits = self.attend_heads(q, keys, values, key_padding_mask, query_padding_mask, causal,
-                                        prev_logits)
+                                        prev_logits, query=query)
+        if self.gate is not None:
+            out = self.gate(query, out, query_padding_mask)
         out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
         return (self.out_proj(out) if self.out_proj is not None else out), logits
 
@@ -159,6 +172,11 @@ class MultiHeadAttention(nn.Module):
         """Whether `step` can run this attention one position at a time on cached keys/values:
         without a logit transform, or with a row-wise one when the caller carries the rows of
         logits from layer to layer (carry_logits=True)."""
+        # a causal-only normalizer (stick-breaking) needs the query's position, which `step`
+        # does not pass (it attends with the newest query as row 0): decoding re-runs the prefix
+        if self.normalizer.causal_only:
+            return False
+        # a head scheme is row-wise: each query's output depends on its own row of weights
         return self.transform is None or (carry_logits and self.transform.row_wise)
 
     def step(self, x: Tensor, cache: KeyValues, prev_logits: Tensor | None = None
@@ -182,16 +200,24 @@ class MultiHeadAttention(nn.Module):
         query_padding_mask: Tensor | None = None,
         causal: bool = False,
         prev_logits: Tensor | None = None,
+        query: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
         and the logits passed on in a cascade (or None).
 
         `forward` is projections + this + out_proj (`keys_values` + `attend_to`); incremental
-        decoding runs it on cached keys/values. Recording for analyses happens here.
+        decoding runs it on cached keys/values. Recording for analyses happens here. `query`, the
+        query input (B, S_q, E), is for head schemes that project it (diff version 2).
         """
         dropout_p = self.dropout if self.training else 0.0
         weights = logits = None
-        if self.transform is None:
+        if self.head_scheme is not None:
+            if prev_logits is not None:
+                raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
+                                  f"given the logits of a previous layer")
+            out, weights = self.head_scheme(self.normalizer, q, k, v, key_padding_mask,
+                                            query_padding_mask, causal, dropout_p, query)
+        elif self.transform is None:
             if prev_logits is not None:
                 raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
                                   f"given the logits of a previous layer")
@@ -207,6 +233,7 @@ class MultiHeadAttention(nn.Module):
         """Materialized: the transform's logits, then the normalizer's weights (float32 inside)."""
         call = self.normalizer.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p)
         transform = self.transform
+        transform.check_causal(causal)  # a causal-only transform (selective) outside causal attention
         if transform.receives_logits and prev_logits is None:
             raise ConfigError(
                 f"{self.scheme}: this attention is layer {self.layer_index} of a cascade stack and "

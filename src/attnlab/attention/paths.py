@@ -261,3 +261,136 @@ def _flex_preferred(normalizer, call: AttentionCall) -> bool:
     length = max(call.q.shape[-2], call.k.shape[-2])
     return (preferred_cuda_path(length, call.q.shape[-1], call.q.dtype) == "flex"
             and _flex_supports(normalizer, "cuda", call.q.dtype, call.dropout_p, call.causal))
+
+
+# ----------------------------------------------------------------------------- row-wise schemes
+# sigmoid, sink, softpick, ssmax (each row of weights depends on that row's logits alone) and
+# stick-breaking (causal): each tuple lists the scheme's paths in order (the fused CPU kernel,
+# FlexAttention on CUDA); what they decline runs on the scheme's materialized reference.
+
+
+# sigmoid, sink and softpick on the fused row-wise CPU kernel (kernels/rowwise.py, csrc/rowwise.cpp):
+# padding, causal, dropout; exact gradients of q, k, v and b
+def _rowwise_cpu_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    return device == "cpu" and dtype in CPU_DTYPES and dropout_p < 1.0 and fused.load()
+
+
+def _rowwise_cpu_run(attend: Callable[..., Tensor]) -> Callable[..., Tensor | None]:
+    def run(normalizer, call: AttentionCall) -> Tensor | None:
+        return attend(normalizer, call, *_masks(call), causal=call.causal, dropout_p=call.dropout_p)
+
+    return run
+
+
+def _sigmoid_cpu(normalizer, call: AttentionCall, *masks, **kw) -> Tensor:
+    from attnlab.attention.kernels import rowwise
+
+    return rowwise.sigmoid_attend(call.q, call.k, call.v, normalizer.options.bias,
+                                  call.inputs.get("b"), *masks, **kw)
+
+
+def _sink_cpu(normalizer, call: AttentionCall, *masks, **kw) -> Tensor:
+    from attnlab.attention.kernels import rowwise
+
+    return rowwise.sink_attend(call.q, call.k, call.v, call.inputs["b"], *masks, **kw)
+
+
+def _softpick_cpu(normalizer, call: AttentionCall, *masks, **kw) -> Tensor:
+    from attnlab.attention.kernels import rowwise
+
+    return rowwise.softpick_attend(call.q, call.k, call.v, normalizer.options.eps, *masks, **kw)
+
+
+# SSMax: UNAS on q_i scaled by c_h log(n_i) (exact; autograd gives dq and dc), on the UNAS path
+# that serves the call: ATen's flash kernel (causal too), or the fused kernel (padding, dropout)
+def _ssmax_cpu_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    return any(p.supports(normalizer, device, dtype, dropout_p, causal)
+               for p in (UNAS_SDPA, UNAS_FUSED_CPU)) and device == "cpu"
+
+
+def _run_ssmax_cpu(normalizer, call: AttentionCall) -> Tensor | None:
+    from attnlab.attention.kernels import rowwise
+
+    q = rowwise.ssmax_query(call.q, call.inputs["c"], call.key_padding_mask, call.causal,
+                            call.k.shape[-2])
+    scaled = replace(call, q=q)
+    for path in (UNAS_SDPA, UNAS_FUSED_CPU):
+        if path.supports(normalizer, "cpu", q.dtype, call.dropout_p, call.causal):
+            out = path.run(normalizer, scaled)
+            if out is not None:
+                return out
+    return None
+
+
+SIGMOID_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_sigmoid_cpu))
+SINK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_sink_cpu))
+SOFTPICK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_softpick_cpu))
+SSMAX_SCALED_CPU = FastPath("scaled_unas_cpu", _ssmax_cpu_supports, _run_ssmax_cpu)
+
+
+# sigmoid, sink and SSMax through FlexAttention (kernels/flex_rowwise.py): CUDA, no dropout,
+# causal or not; head dims outside flex's kernels decline (logged once) to the reference
+def _rowwise_flex_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    return device == "cuda" and dtype in CUDA_DTYPES and dropout_p == 0.0 and flex.available("cuda")
+
+
+def _rowwise_flex_run(attend: Callable[..., Tensor]) -> Callable[..., Tensor | None]:
+    def run(normalizer, call: AttentionCall) -> Tensor | None:
+        reason = flex.declines(call.q.shape[-1], call.v.shape[-1])
+        if reason is not None:
+            flex.log_decline_once(reason)
+            return None
+        return attend(normalizer, call)
+
+    return run
+
+
+def _sigmoid_flex(normalizer, call: AttentionCall) -> Tensor:
+    from attnlab.attention.kernels import flex_rowwise
+
+    return flex_rowwise.sigmoid_attend_flex(call.q, call.k, call.v, normalizer.options.bias,
+                                            call.inputs.get("b"), *_masks(call), call.causal)
+
+
+def _sink_flex(normalizer, call: AttentionCall) -> Tensor:
+    from attnlab.attention.kernels import flex_rowwise
+
+    return flex_rowwise.sink_attend_flex(call.q, call.k, call.v, call.inputs["b"], *_masks(call),
+                                         call.causal)
+
+
+def _ssmax_flex(normalizer, call: AttentionCall) -> Tensor:
+    from attnlab.attention.kernels import flex_rowwise
+
+    return flex_rowwise.ssmax_attend_flex(call.q, call.k, call.v, call.inputs["c"], *_masks(call),
+                                          call.causal)
+
+
+SIGMOID_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_sigmoid_flex))
+SINK_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_sink_flex))
+SSMAX_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_ssmax_flex))
+
+SIGMOID_PATHS: tuple[FastPath, ...] = (SIGMOID_FUSED_CPU, SIGMOID_FLEX)
+SINK_PATHS: tuple[FastPath, ...] = (SINK_FUSED_CPU, SINK_FLEX)
+SOFTPICK_PATHS: tuple[FastPath, ...] = (SOFTPICK_FUSED_CPU,)
+SSMAX_PATHS: tuple[FastPath, ...] = (SSMAX_SCALED_CPU, SSMAX_FLEX)
+
+
+# stick-breaking by query blocks (kernels/stickbreaking.py): no S x S memory, CPU and CUDA
+def _stickbreaking_blocked_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    fits = dtype in CPU_DTYPES if device == "cpu" else device == "cuda" and dtype in CUDA_DTYPES
+    return fits and causal and dropout_p == 0.0
+
+
+def _run_stickbreaking_blocked(normalizer, call: AttentionCall) -> Tensor | None:
+    from attnlab.attention.kernels import stickbreaking as sb
+
+    if call.q.shape[-2] * call.k.shape[-2] <= sb.MIN_PAIRS:  # one block: the reference is as lean
+        return None
+    return sb.stickbreaking_attend(call.q, call.k, call.v, *_masks(call),
+                                   attend_current=normalizer.options.attend_current)
+
+
+STICKBREAKING_BLOCKED = FastPath("blocked", _stickbreaking_blocked_supports, _run_stickbreaking_blocked)
+STICKBREAKING_PATHS: tuple[FastPath, ...] = (STICKBREAKING_BLOCKED,)
+

@@ -9,7 +9,7 @@ from functools import cached_property
 
 from torch import Tensor
 
-from attnlab.attention.statistics import column_sums
+from attnlab.attention.statistics import column_sums, valid_rows
 
 
 @dataclass
@@ -23,3 +23,8 @@ class AttentionRecord:
     def column_sums(self) -> Tensor:
         """(B, H, S_k): total weight each key receives from the valid queries."""
         return column_sums(self.weights, self.query_padding_mask)
+
+    @cached_property
+    def rows(self) -> Tensor:
+        """(B, S_q) bool: the valid query rows, from the masks (statistics.valid_rows)."""
+        return valid_rows(self.weights, self.key_padding_mask, self.query_padding_mask)

@@ -5,7 +5,9 @@ decides itself *where* the spec applies; everything else stays `unas`.
 
 `model.scheme` names a registered scheme (attention/schemes/). A normalizer (unas, dnas, hnas,
 sinkhorn, entmax, ...) is used as it is; a logit transform (coda, realformer) builds the logits
-that `model.normalization` (unas by default, any registered normalizer) turns into weights.
+that `model.normalization` (unas by default, any registered normalizer) turns into weights; a
+head scheme (diff) computes the heads' outputs from maps of that normalization.
+`model.gate` (headwise | elementwise | null) adds an output gate to any of them (attention/gate.py).
 The other keys are the schemes' options, each validated by its scheme's `Options`:
 - keys of the transform go to the transform, the others to the normalizer; a key that both
   would take (CODA's and entmax's `alpha`) can reach the normalizer as `model.normalization_options`;
@@ -18,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from attnlab.attention.gate import check_gate
 from attnlab.attention.schemes import (
+    HEAD_SCHEMES,
     TRANSFORMS,
+    HeadScheme,
     LogitTransform,
     Normalizer,
     build_options,
@@ -36,10 +41,15 @@ NOT_OPTIONS = ("name", "_target_", "callbacks")
 
 class AttentionSpec:
     def __init__(self, scheme: str = "unas", normalization: str | None = None, decoder: bool = True,
-                 normalization_options: Mapping[str, Any] | None = None, **options: Any) -> None:
+                 normalization_options: Mapping[str, Any] | None = None, gate: str | None = None,
+                 **options: Any) -> None:
         self.scheme = str(scheme).lower()
-        if self.scheme in TRANSFORMS:
-            self.transform: str | None = self.scheme
+        # an output gate (attnlab.attention.gate) composes with every scheme: model.gate=headwise
+        self.gate = check_gate(gate)
+        # a head scheme (diff) computes the heads' outputs, with a normalization as a transform
+        self.head_scheme: str | None = self.scheme if self.scheme in HEAD_SCHEMES else None
+        if self.scheme in TRANSFORMS or self.head_scheme:
+            self.transform: str | None = self.scheme if self.scheme in TRANSFORMS else None
             self.normalization = "unas" if normalization is None else str(normalization).lower()
         else:
             self.transform = None
@@ -49,18 +59,20 @@ class AttentionSpec:
             if normalization not in (None, self.scheme):
                 raise ConfigError(
                     f"model.normalization={normalization} only applies to logit transforms "
-                    f"({', '.join(sorted(TRANSFORMS))}); model={self.scheme} normalizes as itself"
+                    f"({', '.join(sorted(TRANSFORMS))}) and head schemes ({', '.join(sorted(HEAD_SCHEMES))}); "
+                    f"model={self.scheme} normalizes as itself"
                 )
             self.normalization = self.scheme
         if not isinstance(decoder, bool):
             raise ConfigError(f"model.decoder={decoder!r} must be true or false")
         self.decoder = decoder
         norm_cls = self.normalizer_class
-        t_keys = option_names(TRANSFORMS[self.transform].Options) if self.transform else ()
+        structure = self.structure_class
+        t_keys = option_names(structure.Options) if structure else ()
         n_keys = option_names(norm_cls.Options)
         unknown = sorted(set(options) - set(t_keys) - set(n_keys) - known_keys())
         if unknown:
-            own = sorted({*t_keys, *n_keys, "decoder"} | ({"normalization"} if self.transform else set()))
+            own = sorted({*t_keys, *n_keys, "decoder", "gate"} | ({"normalization"} if structure else set()))
             raise ConfigError(
                 f"model={self.scheme} has no option {', '.join(unknown)}; its options are "
                 f"{', '.join(own)} (see conf/model/{self.scheme}.yaml)"
@@ -72,11 +84,20 @@ class AttentionSpec:
             self.transform_options = build_options(self.transform, TRANSFORMS[self.transform].Options, t_opts)
         else:
             self.transform_options = None
+        self.head_options = (build_options(self.head_scheme, structure.Options, t_opts)
+                             if self.head_scheme else None)
         self.normalizer_options = build_options(self.normalization, norm_cls.Options, n_opts)
         self.options = {**t_opts, **{k: v for k, v in options.items() if k in n_opts}}
         self.normalization_options = dict(normalization_options or {})
 
     # -- what the scheme is
+    @property
+    def structure_class(self) -> type | None:
+        """The transform's or head scheme's class (None for a plain normalizer)."""
+        if self.transform:
+            return TRANSFORMS[self.transform]
+        return HEAD_SCHEMES[self.head_scheme] if self.head_scheme else None
+
     @property
     def normalizer_class(self) -> type[Normalizer]:
         try:
@@ -92,6 +113,13 @@ class AttentionSpec:
         return self.normalizer_class.over_queries
 
     @property
+    def causal_only(self) -> bool:
+        """True when the scheme is defined for causal attention only: its normalizer
+        (stickbreaking) or its logit transform (selective)."""
+        structure = self.structure_class
+        return self.normalizer_class.causal_only or bool(getattr(structure, "causal_only", False))
+
+    @property
     def cascades(self) -> bool:
         """True when logits flow from layer to layer of a stack (coda, realformer)."""
         return self.transform is not None and self.build_transform(1, False).passes_logits
@@ -104,6 +132,13 @@ class AttentionSpec:
             return None
         return TRANSFORMS[self.transform](self.transform_options, num_heads, receives_logits)
 
+    def build_head_scheme(self, num_heads: int, head_dim: int, value_dim: int | None = None,
+                          embed_dim: int | None = None, layer_index: int = 0) -> HeadScheme | None:
+        if self.head_scheme is None:
+            return None
+        return HEAD_SCHEMES[self.head_scheme](self.head_options, num_heads, head_dim, value_dim,
+                                              embed_dim, layer_index)
+
     def for_decoder(self, fallback: AttentionSpec | Mapping[str, Any] | str = "unas") -> AttentionSpec:
         """The spec for the decoder of a task that applies this spec to its encoder.
 
@@ -115,13 +150,20 @@ class AttentionSpec:
         """
         fallback = AttentionSpec.from_config(fallback)
         if fallback.scheme != "unas" or not self.decoder:
-            return fallback
+            return fallback.with_gate(self.gate)
         if not self.normalizes_over_queries:
             return self
-        if self.transform is not None:
-            opts = {k: v for k, v in self.options.items() if k in option_names(TRANSFORMS[self.transform].Options)}
-            return AttentionSpec(self.scheme, normalization="unas", **opts)
-        return fallback
+        if self.structure_class is not None:
+            opts = {k: v for k, v in self.options.items() if k in option_names(self.structure_class.Options)}
+            return AttentionSpec(self.scheme, normalization="unas", gate=self.gate, **opts)
+        return fallback.with_gate(self.gate)
+
+    def with_gate(self, gate: str | None) -> AttentionSpec:
+        """This spec with the output gate `gate` where it has none (the gate is the model's,
+        wherever its scheme goes: a decoder's fallback keeps the encoder's gate)."""
+        if gate is None or self.gate is not None:
+            return self
+        return AttentionSpec.from_config({**self.to_dict(), "gate": gate})
 
     # -- conversions
     @classmethod
@@ -146,8 +188,10 @@ class AttentionSpec:
     def to_dict(self) -> dict:
         """Plain dict that `from_config` turns back into this spec (for hparams)."""
         out: dict[str, Any] = {"scheme": self.scheme, **self.options, "decoder": self.decoder}
-        if self.transform is not None:
+        if self.structure_class is not None:
             out["normalization"] = self.normalization
+        if self.gate is not None:
+            out["gate"] = self.gate
         if self.normalization_options:
             out["normalization_options"] = dict(self.normalization_options)
         return out

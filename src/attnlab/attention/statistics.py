@@ -9,6 +9,20 @@ Also the head-diversity numbers, the one place for them: `jsd_matrix` (Jensen-Sh
 between the heads' attention distributions, per valid query row) and `head_distance_sum` (mean
 pairwise L2 distance between the heads' outputs), used by the HeadDiversity callback and the
 classify task's hop diversity.
+
+And the one definition of a row's distribution for schemes whose rows need not sum to 1
+(`Normalizer.rows_sum_to_one` False: sigmoid, sink, softpick, stick-breaking). A valid query row i
+has mass `m_i = sum_j w_ij`; its **sink mass** is `1 - m_i` (`sink_mass`: 0 under a normalizing
+scheme, the weight a sink absorbed, negative where sigmoid's row exceeds 1). Its **distribution**
+(`row_distributions`), on which entropy and JSD are computed, is the row renormalized over its
+mass, `w_ij / m_i` (signed weights, differential attention's, by their positive part), and
+where `m_i = 0` the point mass on one extra outcome, "nowhere" (entropy 0,
+JSD log 2 against any row that attends somewhere, 0 against another such row). Entropy and JSD thus
+measure where a row's attention goes, comparably across schemes (log S: uniform, 0: one key), and
+the sink mass, reported beside them, how much of it there is. Column sums stay those of the
+weights as applied (what the next layer receives): a key with `c_j < 1e-8` is unused whatever the
+reason, and the sink mass tells whether the weight went to other keys (explaining away) or
+nowhere (a sink). `valid_rows` decides the rows from the padding masks, never from the row sums.
 """
 
 from __future__ import annotations
@@ -124,20 +138,103 @@ def _cat(state) -> Tensor:
     return torch.cat(state) if state else torch.empty(0)
 
 
+# ----------------------------------------------------------------------------- rows
+def valid_rows(weights: Tensor, key_padding_mask: Tensor | None = None,
+               query_padding_mask: Tensor | None = None) -> Tensor:
+    """(B, S_q) bool: the query rows the analyses count. With masks: the queries that are not
+    padding, in examples with at least one valid key (never decided by the row sums, which need
+    not be 1). Without any mask: the rows where some head gives some weight (padded queries have
+    all-zero rows; a valid query whose row is all zero, possible under softpick or sigmoid, is
+    then dropped too, so pass the masks where there are any)."""
+    B, _, S_q, _ = weights.shape
+    if key_padding_mask is None and query_padding_mask is None:
+        return (weights != 0).any(-1).any(1)
+    rows = torch.ones(B, S_q, dtype=torch.bool, device=weights.device)
+    if query_padding_mask is not None:
+        rows = ~query_padding_mask
+    if key_padding_mask is not None:
+        rows = rows & (~key_padding_mask).any(-1, keepdim=True)
+    return rows
+
+
+def row_distributions(weights: Tensor) -> Tensor:
+    """(..., S_k + 1) float64: each row of weights (..., S_k) as a distribution over the keys and
+    "nowhere" (the last outcome): `w / sum(w)` where the row has mass, the point mass on nowhere
+    where it has none (the module docstring's definition). Sums to 1; never NaN. Signed weights
+    (differential attention's A = A1 - lambda A2) count by their positive part: where the row's
+    attention goes; the cancelled mass shows in the sink mass, 1 - sum_j w_ij."""
+    w = weights.double().clamp(min=0)  # a no-op for every non-negative scheme
+    mass = w.sum(-1, keepdim=True)
+    empty = mass <= 0
+    p = torch.where(empty, torch.zeros_like(w), w / torch.where(empty, torch.ones_like(mass), mass))
+    return torch.cat([p, empty.double()], dim=-1)
+
+
+def _per_row(values: Tensor, rows: Tensor) -> Tensor:
+    """(B, H, S_q) -> (N, H) at the valid rows."""
+    return values.transpose(1, 2)[rows]
+
+
+def attention_entropy(weights: Tensor, rows: Tensor | None = None) -> Tensor:
+    """(N, H) entropy in nats of every valid row's distribution (`row_distributions`: the row
+    renormalized over its mass; 0 for a row with no mass). weights (B, H, S_q, S_k)."""
+    if rows is None:
+        rows = valid_rows(weights)
+    return _per_row(torch.special.entr(row_distributions(weights)).sum(-1), rows)
+
+
+def sink_mass(weights: Tensor, rows: Tensor | None = None) -> Tensor:
+    """(N, H) float64: `1 - sum_j w_ij` of every valid row (0 under a normalizing scheme)."""
+    if rows is None:
+        rows = valid_rows(weights)
+    return _per_row(1.0 - weights.double().sum(-1), rows)
+
+
+class RowStats(Metric):
+    """Entropy and sink mass of the valid rows over batches (a torchmetrics Metric, reduced
+    across DDP processes). compute() -> {"entropy": mean nats, "sink_mass": mean 1 - row sum}
+    over heads and valid rows (NaN when nothing was counted); `sink_masses()` every row's sink
+    mass seen (for histograms)."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name in ("count", "entropy_sum", "sink_sum"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("sinks", default=[], dist_reduce_fx="cat")
+
+    def update(self, weights: Tensor, key_padding_mask: Tensor | None = None,
+               query_padding_mask: Tensor | None = None) -> None:
+        rows = valid_rows(weights, key_padding_mask, query_padding_mask)
+        if not rows.any():
+            return
+        sinks = sink_mass(weights, rows)
+        self.count += sinks.numel()
+        self.entropy_sum += attention_entropy(weights, rows).sum()
+        self.sink_sum += sinks.sum()
+        self.sinks.append(sinks.flatten().float())
+
+    def compute(self) -> dict[str, Tensor]:
+        if self.count == 0:
+            nan = torch.tensor(math.nan)
+            return {"entropy": nan, "sink_mass": nan}
+        return {"entropy": (self.entropy_sum / self.count).float(),
+                "sink_mass": (self.sink_sum / self.count).float()}
+
+    def sink_masses(self) -> Tensor:
+        return _cat(self.sinks).flatten().cpu()
+
+
 # ----------------------------------------------------------------------------- head diversity
-def valid_rows(weights: Tensor) -> Tensor:
-    """(B, S_q) bool: query rows that attend somewhere (padded queries have all-zero rows)."""
-    return weights[:, 0].sum(-1) > 0.5
-
-
 def jsd_matrix(weights: Tensor, rows: Tensor | None = None) -> tuple[Tensor, int]:
     """Sum over valid rows of JSD(head i, head j) as an (H, H) matrix, and the number of rows.
 
-    weights (B, H, S_q, S_k) with rows summing to 1 (or 0 where nothing is attended)."""
-    w = weights.double()
+    weights (B, H, S_q, S_k); each row is compared as its distribution (`row_distributions`:
+    renormalized over its mass, "nowhere" where it has none), so rows need not sum to 1."""
     if rows is None:
-        rows = valid_rows(w)
-    p = w.permute(0, 2, 1, 3)[rows]  # (N, H, S_k)
+        rows = valid_rows(weights)
+    p = row_distributions(weights).permute(0, 2, 1, 3)[rows]  # (N, H, S_k + 1)
     n, h = p.shape[0], p.shape[1]
     out = torch.zeros(h, h, dtype=torch.float64)
     ent = torch.xlogy(p, p).sum(-1)  # (N, H): sum p log p

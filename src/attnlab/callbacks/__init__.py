@@ -1,4 +1,4 @@
-"""Lightning callbacks: analyses of attention (hybrid weights, explained-away, head diversity,
+"""Lightning callbacks: analyses of attention (the schemes' own parameters, explained-away, head diversity,
 head importance, calibration), training rules of schemes (repulsive attention, MA+R) and run safety.
 
 Analyses that run their own evaluations once test is done are `AfterTestAnalysis`es (the
@@ -9,9 +9,9 @@ from attnlab.callbacks.calibration import Calibration
 from attnlab.callbacks.explained_away import ExplainedAway
 from attnlab.callbacks.head_diversity import HeadDiversity
 from attnlab.callbacks.head_importance import HeadImportance
-from attnlab.callbacks.hybrid_weights import HybridWeights
 from attnlab.callbacks.preemption import MidEpochCheckpoint, PreemptionCheckpoint, RngState
 from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
+from attnlab.callbacks.scheme_parameters import SchemeParameters
 
 __all__ = [
     "AfterTestAnalysis",
@@ -20,10 +20,10 @@ __all__ = [
     "ExplainedAway",
     "HeadDiversity",
     "HeadImportance",
-    "HybridWeights",
     "MidEpochCheckpoint",
     "PreemptionCheckpoint",
     "RepulsiveAttention",
     "RngState",
+    "SchemeParameters",
     "analysis_progress",
 ]

@@ -4,14 +4,19 @@ On validation, for every attention layer: the histogram of `log sum_i w_ij` over
 share of keys with `sum_i w_ij < threshold` (epsilon-explained-away, the seed paper's 1e-8), and the
 minimum column sum next to the DNAS bound `1/S` (S = number of valid keys). DNAS guarantees
 `min_j sum_i w_ij * S >= 1`; UNAS does not. Beside them the attention entropy
-`-sum_j w_ij log w_ij` (nats), averaged over heads and valid query rows: how sharp each layer's
-attention is (log S: uniform; 0: one key), which tells a scheme that explains keys away by
-sharpening from one that spreads its weight. The scalars go through `self.log` (so into
-metrics.json and every logger), the histograms to W&B/TensorBoard and a PNG in the run dir.
+`-sum_j p_ij log p_ij` (nats) of each row's distribution `p_i = w_i / sum_j w_ij`, averaged over
+heads and valid query rows: how sharp each layer's attention is (log S: uniform; 0: one key),
+which tells a scheme that explains keys away by sharpening from one that spreads its weight; and
+the sink mass `1 - sum_j w_ij` (mean and histogram): 0 under a normalizing scheme, the weight a
+sink, softpick or stick-breaking row leaves unspent (attention sinks, the mirror image of
+explaining away: a row attends nowhere rather than a key getting no attention). Both follow the
+one definition in `attnlab.attention.statistics` for rows that need not sum to 1. The scalars go
+through `self.log` (so into metrics.json and every logger), the histograms to W&B/TensorBoard and
+a PNG in the run dir.
 
 Weights are only materialized on the first `max_batches` validation batches of an epoch, through
 `record_attention` opened around each of them; the training path never pays for it. The numbers
-come from `attnlab.attention.ColumnStats` (reduced across DDP processes).
+come from `attnlab.attention.ColumnStats` and `RowStats` (reduced across DDP processes).
 """
 
 from __future__ import annotations
@@ -20,11 +25,9 @@ import math
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
-from torchmetrics import MeanMetric
 
 from attnlab.attention import ColumnStats, attention_modules, record_attention
-from attnlab.attention.statistics import valid_rows
+from attnlab.attention.statistics import RowStats
 from attnlab.loggers import LoggerAdapter
 
 
@@ -35,7 +38,7 @@ class ExplainedAway(pl.Callback):
         self.threshold = float(threshold)
         self.png_name = png_name
         self._stats: dict[int, ColumnStats] = {}
-        self._entropy: dict[int, MeanMetric] = {}  # reduced across DDP processes like the sums
+        self._rows: dict[int, RowStats] = {}  # entropy and sink mass, reduced like the sums
         self._names: list[str] = []
         self._recorder: record_attention | None = None
 
@@ -43,7 +46,7 @@ class ExplainedAway(pl.Callback):
         return not trainer.sanity_checking and batch_idx < self.max_batches
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._stats, self._entropy = {}, {}
+        self._stats, self._rows = {}, {}
         self._names = [name for name, _ in attention_modules(pl_module)]
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
@@ -62,13 +65,9 @@ class ExplainedAway(pl.Callback):
             if stats is None:
                 stats = self._stats[l] = ColumnStats(threshold=self.threshold).to(pl_module.device)
             stats.update(rec.column_sums, rec.key_padding_mask, rec.query_padding_mask)
-            rows = valid_rows(rec.weights)  # (B, S_q): padded queries attend nowhere
-            if rows.any():
-                entropy = torch.special.entr(rec.weights.double()).sum(-1)  # (B, H, S_q)
-                entropy = entropy.transpose(1, 2)[rows]  # (N, H)
-                if l not in self._entropy:
-                    self._entropy[l] = MeanMetric().to(pl_module.device)
-                self._entropy[l].update(entropy.mean(), weight=entropy.numel())
+            if l not in self._rows:
+                self._rows[l] = RowStats().to(pl_module.device)
+            self._rows[l].update(rec.weights, rec.key_padding_mask, rec.query_padding_mask)
         self._recorder = None
 
     def summarize(self) -> dict[int, dict]:
@@ -78,8 +77,9 @@ class ExplainedAway(pl.Callback):
             if math.isnan(float(values["explained_away"])):
                 continue
             out[l] = {"log_col": stats.log_column_sums(), **{k: float(v) for k, v in values.items()}}
-            if l in self._entropy:
-                out[l]["entropy"] = float(self._entropy[l].compute())
+            if l in self._rows and self._rows[l].count > 0:
+                out[l].update({k: float(v) for k, v in self._rows[l].compute().items()})
+                out[l]["sinks"] = self._rows[l].sink_masses()
         return out
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
@@ -93,13 +93,16 @@ class ExplainedAway(pl.Callback):
                               ("min_col_sum", "min_col_sum"), ("bound_1_over_S", "bound_1_over_S"),
                               ("min_col_sum_times_S", "min_col_sum_x_S")):
                 pl_module.log(f"{prefix}/{key}", s[name])  # already reduced over processes
-            if "entropy" in s:
-                pl_module.log(f"{prefix}/entropy", s["entropy"])
+            for key in ("entropy", "sink_mass"):
+                if key in s:
+                    pl_module.log(f"{prefix}/{key}", s[key])
             log.histogram(f"{prefix}/log_col_sum", s["log_col"])
+            if "sinks" in s:
+                log.histogram(f"{prefix}/sink_mass_rows", s["sinks"])
         if trainer.is_global_zero and summary and self.png_name:  # null: numbers only
             path = self.write_png(Path(trainer.default_root_dir) / self.png_name, summary)
             log.image("explained_away/histograms", path)
-        self._stats, self._entropy = {}, {}
+        self._stats, self._rows = {}, {}
 
     def write_png(self, path: Path, summary: dict) -> Path:
         import matplotlib

@@ -5,7 +5,9 @@ least two heads:
 
 - Jensen-Shannon divergence between the attention distributions of every pair of heads, per valid
   query row, averaged over rows and batches (CODA, Zheng et al. 2021, Fig. 2/4 and Table 4
-  "Avg. JSD"). Natural log: identical heads give 0, heads on disjoint keys give log 2. Logged as
+  "Avg. JSD"). Natural log: identical heads give 0, heads on disjoint keys give log 2. Rows that
+  need not sum to 1 (sigmoid, sink, softpick, stick-breaking) are compared as their distributions
+  renormalized over their mass (`attnlab.attention.statistics.row_distributions`). Logged as
   an H x H heatmap per layer (`head_jsd.png` in the run dir, W&B image) and as the layer's mean
   over head pairs; `val/avg_jsd` (`test/avg_jsd`) is the mean over layers.
 - The average pairwise L2 distance between the heads' outputs (each head's (d_v,) output before
@@ -27,7 +29,7 @@ import pytorch_lightning as pl
 import torch
 
 from attnlab.attention import attention_modules, record_attention
-from attnlab.attention.statistics import head_distance_sum, jsd_matrix, valid_rows
+from attnlab.attention.statistics import head_distance_sum, jsd_matrix
 from attnlab.loggers import LoggerAdapter
 
 
@@ -65,7 +67,7 @@ class HeadDiversity(pl.Callback):
         records, self._recorder = self._recorder.records, None
         for name, rec in records.items():
             m = self._modules[name]
-            rows = valid_rows(rec.weights)
+            rows = rec.rows  # from the masks: rows need not sum to 1
             jsd, n = jsd_matrix(rec.weights, rows)
             dist, n_dist = head_distance_sum(rec.head_outputs, rows)
             acc = self._acc.setdefault(name, {"jsd": torch.zeros_like(jsd), "rows": 0, "dist": 0.0,

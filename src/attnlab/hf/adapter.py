@@ -7,7 +7,7 @@ keeps its own), so everything attnlab finds by that type sees it with no code of
 `record_attention` and the analysis callbacks (explained away, head diversity, head importance:
 its output is the concatenation of the heads, head-major, as for `project_values=False`), the
 scheme's parameters (HNAS's u lives on `self.normalizer`, a child, so it is in
-`model.parameters()`, the state dict and `save_pretrained`), `parameter_groups`' `hybrid_lr`.
+`model.parameters()`, the state dict and `save_pretrained`), `parameter_groups` (at the scheme's `param_lr`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.mha import MultiHeadAttention
 from attnlab.attention.spec import AttentionSpec
+from attnlab.errors import ConfigError
 
 
 class SchemeAttention(MultiHeadAttention):
@@ -29,6 +30,10 @@ class SchemeAttention(MultiHeadAttention):
                  layer_index: int = 0) -> None:
         # MultiHeadAttention.__init__ would build projections the HF module already has.
         nn.Module.__init__(self)
+        if spec.gate is not None or spec.head_scheme is not None:
+            raise ConfigError(f"attnlab.hf runs a scheme on the HF module's own projections; "
+                              f"{'model.gate=' + spec.gate if spec.gate else 'model=' + spec.scheme} "
+                              f"needs parameters of its own there (train it in an attnlab task)")
         self.spec = spec
         self.embed_dim = num_heads * head_dim
         self.num_heads = num_heads
@@ -42,6 +47,7 @@ class SchemeAttention(MultiHeadAttention):
         self.normalizer = spec.build_normalizer(num_heads)
         # only non-cascading transforms reach here (use_scheme refuses the others)
         self.transform = spec.build_transform(num_heads, receives_logits=False)
+        self.head_scheme = self.gate = None  # refused above
         self.role = role
         self.causal = role == "decoder"
         self._recorders: list = []

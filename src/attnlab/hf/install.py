@@ -97,6 +97,18 @@ def use_scheme(model: nn.Module, scheme: str | AttentionSpec | Mapping = "unas",
             raise ConfigError(f"model={spec.scheme} normalizes over queries and cannot run in "
                               f"{type(model).__name__}'s {name} ({why}); use a scheme that "
                               f"normalizes over keys there (unas, entmax)")
+    if spec.causal_only:
+        bad = [(name, role) for (name, _), role in zip(modules, roles) if role != "decoder"]
+        if bad:
+            from attnlab.attention.schemes import NORMALIZERS, fitting
+
+            name, role = bad[0]
+            fit = [n for n in fitting(causal=False) if n in NORMALIZERS]  # transforms cascade
+            what = "cross-attention" if role == "cross" else "bidirectional self-attention"
+            raise ConfigError(f"model={spec.scheme} is defined for causal attention only and cannot "
+                              f"run in {type(model).__name__}'s {name} ({what}); use it in a "
+                              f"decoder-only model, or here one of "
+                              f"{', '.join(f'model={n}' for n in fit)}")
     for index, ((_, module), role) in enumerate(zip(modules, roles)):
         heads, size = _heads(module, getattr(model, "config", None))
         adapter = SchemeAttention(spec, heads, size, role, index)

@@ -23,6 +23,14 @@ from pathlib import Path
 METRICS_FILE = "metrics.json"
 
 
+def scheme_params(record: dict) -> dict[str, dict[str, list[float]]]:
+    """A run record's `scheme_params` ({"hnas_u": {layer: [per head]}, "sink_b": ...}); records
+    written before it held HNAS's u alone, as `hnas_u`."""
+    if "scheme_params" in record:
+        return record["scheme_params"] or {}
+    return {"hnas_u": record["hnas_u"]} if record.get("hnas_u") else {}
+
+
 # ----------------------------------------------------------------------------- runs
 @dataclass(frozen=True)
 class Run:

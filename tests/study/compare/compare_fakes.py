@@ -2,7 +2,7 @@
 
 A record is shaped like the runner's (attnlab/runner.py `train`) for a probe run
 (tasks/probe/module.py): test/acc with test/answers, val/acc_auc, the trivial baseline and the
-shortcut on both splits, the explained-away and head-diversity diagnostics, `hnas_u`.
+shortcut on both splits, the explained-away and head-diversity diagnostics, the schemes' parameters (`scheme_params`).
 """
 
 from __future__ import annotations
@@ -68,11 +68,12 @@ def metrics(acc: float, *, auc: float | None = None, answers: int = 256,
     return out
 
 
-def record(run: Run, acc: float, *, hnas_u: dict | None = None, **kw) -> dict:
+def record(run: Run, acc: float, *, scheme_params: dict | None = None, **kw) -> dict:
     """A finished run's metrics.json."""
     return {"status": "ok", "task": run.task, "model": run.model, "seed": run.seed,
             "overrides": run_overrides(run, COMMON), "optimized_metric": "val/acc",
-            "optimized_value": acc, "metrics": metrics(acc, **kw), "hnas_u": hnas_u or {},
+            "optimized_value": acc, "metrics": metrics(acc, **kw),
+            "scheme_params": scheme_params or {},
             "run_dir": f"/runs/{run.model}_seed{run.seed}", "wall_s": 1.0}
 
 

@@ -90,16 +90,21 @@ def test_diagnostics_are_per_layer_means_over_the_runs():
     u = {"net.layers.0.attn": [0.2, 0.4], "net.layers.10.attn": [1.0],
          "net.layers.2.attn": [0.5], "net.layers.1.attn": [0.8, 0.6]}
     runs = [Run("probe", "hnas", s) for s in (1, 2)]
-    found = [record(runs[0], 0.5, layers=(10.0, 20.0), jsd=0.1, hnas_u=u),
-             record(runs[1], 0.5, layers=(12.0, 30.0), jsd=0.3, hnas_u=u)]
+    found = [record(runs[0], 0.5, layers=(10.0, 20.0), jsd=0.1, scheme_params={"hnas_u": u}),
+             record(runs[1], 0.5, layers=(12.0, 30.0), jsd=0.3, scheme_params={"hnas_u": u})]
     found[1]["metrics"]["test/collision_rate"] = 0.25
     d = diagnostics(found)
     assert d["min col sum x S"] == pytest.approx([11.0, 25.0])
     assert d["entropy (nats)"] == [2.0, 3.0] and d["share < 1e-8"] == [0.0, 0.0]
     assert d["head JSD"] == pytest.approx([0.2]) and d["head distance"] == pytest.approx([0.7])
     assert d["collision rate"] == [0.25]
-    assert d["HNAS u"] == pytest.approx([0.3, 0.7, 0.5, 1.0])  # in layer order: 0, 1, 2, 10
-    assert diagnostics([{"metrics": {}}]) == {k: [] for k in d}
+    assert d["hnas_u"] == pytest.approx([0.3, 0.7, 0.5, 1.0])  # in layer order: 0, 1, 2, 10
+    assert diagnostics([{"metrics": {}}]) == {k: [] for k in d if k != "hnas_u"}
+    # a record written before `scheme_params` held HNAS's u alone, as `hnas_u`
+    old = [{**r, "hnas_u": u} for r in found]
+    for r in old:
+        del r["scheme_params"]
+    assert diagnostics(old)["hnas_u"] == d["hnas_u"]
 
 
 # ----------------------------------------------------------------------------- the family

@@ -7,6 +7,7 @@ import pytest
 from helpers.paths import CONF, ROOT
 from omegaconf import OmegaConf
 
+from attnlab.attention.schemes import fitting, names
 from attnlab.study.compare import cli
 from attnlab.study.compare.plan import COMMON, discover
 from attnlab.study.launch import slug
@@ -69,7 +70,10 @@ def test_dry_run_without_a_grid_is_the_pilot_and_quick_is_the_primary_family(tmp
     assert all(" seed=1,2,3 " in x for x in lines)  # the pilot's seeds
     assert cli.main([*args, "--full", "--probes", "listops"]) == 0
     (line, _) = capsys.readouterr().out.splitlines()
-    every = ",".join(["unas", *(m for m in discover(CONF, "model") if m != "unas")])
+    # every model config but UNAS after it, and none the probes' attention cannot take (causal only)
+    every = ",".join(["unas", *(m for m in discover(CONF, "model")
+                                if m != "unas" and (m not in names() or m in fitting(causal=False)))])
+    assert "stickbreaking" not in every and "selective" not in every and "sink" in every
     assert f" model={every} seed=1,2,3 probe=listops probe.options.seq_len=64 " in line
     assert cli.main([*args, "--gpu", "--probes", "listops", "--schemes", "dnas"]) == 0
     assert " probe=listops hardware=gpu probe.options.seq_len=512 " in capsys.readouterr().out

@@ -55,6 +55,9 @@ def test_schemes_for_puts_unas_first_and_keeps_what_schemes_keeps():
     assert plan(c, schemes=["hnas", "sinkhorn"]).schemes_for(c) == ["unas", "hnas"]
     assert plan(c, schemes=["hnas"], mode="full").schemes_for(c) == ["unas", "hnas"]
     assert plan(c, schemes=["unas"]).schemes_for(c) == ["unas"]
+    # the probes' attention is not causal: a causal-only scheme is never planned on them
+    everything = ["unas", "dnas", "sink", "stickbreaking", "mar"]
+    assert plan(bare, registered=everything).schemes_for(bare) == ["unas", "dnas", "sink", "mar"]
     # a contrast whose schemes do not both run is left out, of the family's size too
     assert [s.name for s in plan(c, schemes=["hnas"]).contrasts(c)] == ["hnas vs unas"]
     assert plan(c).family_size() == 2 * 2 and plan(c, schemes=["hnas"]).family_size() == 1 * 2

@@ -65,10 +65,10 @@ def test_pretrained_encoder_needs_the_wordpiece_vocabulary_and_valid_layers():
         PretrainedEncoder("unas", VOCAB, layers=9)
 
 
-def test_bert_weights_train_at_the_pretrained_rate_and_u_at_hybrid_lr():
-    net = SelfAttentiveClassifier("hnas", VOCAB, num_classes=3, encoder="pretrained", hops=2,
+def test_bert_weights_train_at_the_pretrained_rate_and_u_at_its_param_lr():
+    net = SelfAttentiveClassifier({"scheme": "hnas", "param_lr": 0.05}, VOCAB, num_classes=3, encoder="pretrained", hops=2,
                                   attention_unit=8, fc_dim=8, pretrained_layers=1)
-    module = ClassifyModule(net, partial(torch.optim.AdamW, lr=1e-3), hybrid_lr=0.05, pretrained_lr=2e-5)
+    module = ClassifyModule(net, partial(torch.optim.AdamW, lr=1e-3), pretrained_lr=2e-5)
     groups = module.parameter_groups()
     bert = {id(p) for p in net.encoder.pretrained_parameters()}
     u = [p for n, p in net.named_parameters() if n.endswith("hybrid_logit")]
@@ -116,7 +116,8 @@ def test_cli_fine_tunes_the_pretrained_bert_with_hnas_and_writes_every_analysis(
              "task.module.net.pretrained_layers=2", *QUIET], tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok"
-    layers = [name for name in record["hnas_u"] if ".bert.encoder.layer." in name]
-    assert len(layers) == 2 and all(len(record["hnas_u"][n]) == 12 for n in layers)
+    u = record["scheme_params"]["hnas_u"]
+    layers = [name for name in u if ".bert.encoder.layer." in name]
+    assert len(layers) == 2 and all(len(u[n]) == 12 for n in layers)
     for png in ("hnas_u.png", "explained_away.png", "head_jsd.png", "head_importance.png"):
         assert (record["_dir"] / png).is_file(), png

@@ -24,12 +24,12 @@ TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_lay
 TINY = {"val_decode_batches": 1, "max_decode_length": 6, "beam_size": 2}
 
 
-def tiny_module(data_kwargs: dict, attention, hybrid_lr=None, **net_options) -> HeadlineModule:
+def tiny_module(data_kwargs: dict, attention, **net_options) -> HeadlineModule:
     """The module as the runner builds it: the data's sizes into the net, the rest to the module."""
     kwargs = dict(data_kwargs)
     net = HeadlineTransformer(attention=attention, **TINY_NET, **net_options, **kwargs.pop("net"))
     return HeadlineModule(net=net, optimizer=partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.01),
-                          scheduler=partial(linear_schedule, warmup=1), hybrid_lr=hybrid_lr, **TINY, **kwargs)
+                          scheduler=partial(linear_schedule, warmup=1), **TINY, **kwargs)
 
 
 def gigaword_datamodule(**kwargs):
@@ -93,7 +93,8 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     dm = gigaword_datamodule()
     dm.prepare_data()
     dm.setup("fit")
-    module = tiny_module(dm.model_kwargs(), {"scheme": "hnas", "hybrid_init": 0.1}, hybrid_lr=0.05, norm_first=True)
+    module = tiny_module(dm.model_kwargs(), {"scheme": "hnas", "hybrid_init": 0.1, "param_lr": 0.05},
+                         norm_first=True)
     trainer = pl.Trainer(
         max_epochs=1,
         accelerator="cpu",
@@ -117,7 +118,7 @@ def test_fit_and_test_write_predictions_and_rouge(tmp_path, one_thread):
     expected = lead_scores([a for b in decoded for a in b["articles"]], [h for b in decoded for h in b["headlines"]], 8)
     assert float(trainer.callback_metrics["val/lead_rougeL"]) == pytest.approx(expected["rougeL"], abs=1e-6)
     assert 0 < float(trainer.callback_metrics["val/distinct_ratio"]) <= 1
-    # HNAS's u logits train in their own group: learning rate hybrid_lr, no weight decay
+    # HNAS's u logits train in their own group: learning rate model.param_lr, no weight decay
     logit = module.net.encoder_layers[0].self_attn.normalizer.hybrid_logit
     (group,) = [g for g in trainer.optimizers[0].param_groups if g["params"][0] is logit]
     assert group["initial_lr"] == 0.05 and group["weight_decay"] == 0.0

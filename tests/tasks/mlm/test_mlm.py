@@ -138,8 +138,8 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     from tasks.common import debian
 
     debian.prepare(tmp_path / "debian", files=TRANSLATIONS)  # what `make data` makes, from the fixture
-    _, module, fitted, tested = _tiny_run(tmp_path, {"scheme": "hnas", "hybrid_init": 0.5}, "adamw", data,
-                                          hybrid_lr=0.1, norm_first=True)
+    _, module, fitted, tested = _tiny_run(tmp_path, {"scheme": "hnas", "hybrid_init": 0.5, "param_lr": 0.1},
+                                          "adamw", data, norm_first=True)
     assert module.net.encoder.layers[0].norm_first
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/ppl"):
         assert math.isfinite(fitted[name]), name
@@ -150,7 +150,7 @@ def test_tiny_training_run_on_debian_fixture_with_hnas(tmp_path):
     assert tested["test/baseline_acc"] == pytest.approx(float((labels == module.unigram_id).float().mean()))
     assert module.unigram_id == dm_of(module).model_kwargs()["unigram_id"]
     assert 0.0 <= tested["test/acc"] <= 1.0
-    # u is trained, in an optimizer group of its own (learning rate hybrid_lr, no weight decay)
+    # u is trained, in an optimizer group of its own (learning rate param_lr, no weight decay)
     logits = [layer.self_attn.normalizer.hybrid_logit for layer in module.net.encoder.layers]
     assert all(logit.detach().abs().min().item() > 0 for logit in logits)  # all moved from u = 0.5
     (group,) = [g for g in module.trainer.optimizers[0].param_groups if g["params"][0] is logits[0]]

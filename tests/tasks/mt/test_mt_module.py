@@ -78,7 +78,7 @@ def test_fit_and_test_write_predictions_and_sacrebleu_scores(tmp_path, one_threa
                                vocab_size=300, min_frequency=1, batch_size=7, eval_batch_size=2)
     dm.prepare_data()
     dm.setup("fit")
-    module = tiny_module("hnas", dm.model_kwargs(), lr=3e-2, warmup=5, max_len_b=12, hybrid_lr=0.05,
+    module = tiny_module({"scheme": "hnas", "param_lr": 0.05}, dm.model_kwargs(), lr=3e-2, warmup=5, max_len_b=12,
                          bleu_tokenize="none")
     # forward: the logits and labels of the real target tokens (what Calibration reads)
     batch = next(iter(dm.val_dataloader()))

@@ -203,7 +203,7 @@ def test_every_probe_config_runs_and_writes_the_keys_the_comparison_reads(tmp_pa
                      ("share_below_1e-08", "min_col_sum_times_S", "entropy")}
         assert keys <= set(m), keys - set(m)
         assert ("test/collision_rate" in m) == (probe in SLOTTED), probe
-        assert 0 <= m["val/baseline_acc"] < 1 and r["hnas_u"]
+        assert 0 <= m["val/baseline_acc"] < 1 and r["scheme_params"]["hnas_u"]
         assert m["test/answers"] >= 32  # at least one answer per test sequence (32 of them)
         # one validation (max_epochs=1): the area under the curve is its accuracy
         assert m["val/acc_auc"] == pytest.approx(m["val/acc"])

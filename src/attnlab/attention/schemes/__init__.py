@@ -8,6 +8,7 @@ import importlib
 import pkgutil
 
 from attnlab.attention.schemes.base import (
+    HeadScheme,
     LogitTransform,
     NoOptions,
     Normalizer,
@@ -15,8 +16,10 @@ from attnlab.attention.schemes.base import (
     build_options,
 )
 from attnlab.attention.schemes.registry import (
+    HEAD_SCHEMES,
     NORMALIZERS,
     TRANSFORMS,
+    fitting,
     known_keys,
     named_scheme_modules,
     names,
@@ -24,21 +27,25 @@ from attnlab.attention.schemes.registry import (
     query_normalized,
     register,
     scheme_parameters,
+    scheme_values,
     unregister,
 )
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name not in ("base", "registry"):
+    if _info.name not in ("base", "registry", "tables"):
         importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = [
+    "HEAD_SCHEMES",
     "NORMALIZERS",
     "TRANSFORMS",
+    "HeadScheme",
     "LogitTransform",
     "NoOptions",
     "Normalizer",
     "apply_weights",
     "build_options",
+    "fitting",
     "known_keys",
     "named_scheme_modules",
     "names",
@@ -46,5 +53,6 @@ __all__ = [
     "query_normalized",
     "register",
     "scheme_parameters",
+    "scheme_values",
     "unregister",
 ]

@@ -5,9 +5,14 @@ A normalizer owns, in one class:
 - `name` (the `model=` handle) and `Options`, a frozen dataclass of its options (the keys of
   `conf/model/<name>.yaml`), validated where the config is built;
 - `over_queries`: whether it normalizes over queries (this alone drives the decoder guard);
-- its trainable parameters, if any (HNAS's `u`), as ordinary parameters of the module, handed to
-  the computation by `state_inputs()`; optimizers and weight loaders find them by type
-  (`scheme_parameters`), never by name;
+  `causal_only`: whether it is defined only for causal attention (stick-breaking);
+  `rows_sum_to_one`: whether every valid row of its weights sums to 1 (False for sigmoid, the
+  sink, softpick and stick-breaking: the analyses then treat rows as sub-stochastic);
+- its trainable parameters, if any (HNAS's `u`, a sink's `b`), as ordinary parameters of the
+  module, handed to the computation by `state_inputs()`; optimizers and weight loaders find them
+  by type (`scheme_parameters`), never by name. Their learning rate is the scheme's option
+  `param_lr` (None: the optimizer's), and `reported()` says what the run summary, metrics.json,
+  the loggers and the plots show of them, per head ({"u": (H,)});
 - `weights(logits, **inputs)`: the materialized reference, ground truth for tests and analyses;
 - `fast_paths`: callables `path(normalizer, call) -> Tensor | None` (attnlab.attention.paths), tried
   in order; each returns None for inputs it does not serve (device, dtype, dropout, causal, kernel
@@ -30,6 +35,7 @@ from torch import Tensor, nn
 from attnlab.attention.kernels import dropout
 from attnlab.attention.paths import AttentionCall, PathFunction
 from attnlab.attention.reference import compute_dtype, masked_logits, output_dtype
+from attnlab.attention.schemes.tables import fitting
 from attnlab.errors import ConfigError
 
 
@@ -83,6 +89,10 @@ class Normalizer(nn.Module):
 
     name: ClassVar[str] = ""
     over_queries: ClassVar[bool] = False
+    causal_only: ClassVar[bool] = False
+    rows_sum_to_one: ClassVar[bool] = True
+    # how a plot labels what `reported()` gives, e.g. {"u": "u (weight of DNAS)"}; else its name
+    reported_labels: ClassVar[dict[str, str]] = {}
     Options: ClassVar[type] = NoOptions
     # names of the tensors the computation needs besides q, k, v (HNAS: "u")
     input_names: ClassVar[tuple[str, ...]] = ()
@@ -106,12 +116,26 @@ class Normalizer(nn.Module):
     # -- to define in a subclass
     def weights(self, logits: Tensor, **inputs: Tensor) -> Tensor:
         """(B, H, S_q, S_k) weights from float32 logits that are -inf where a (query, key) pair
-        is masked: 0 there, valid rows summing to 1, a row without any valid key all 0."""
+        is masked: 0 there, a row without any valid key all 0, valid rows summing to 1 (at most
+        1 where `rows_sum_to_one` is False). Never NaN."""
         raise NotImplementedError
 
     def state_inputs(self) -> dict[str, Tensor]:
         """This module's trainable state as inputs of the computation (HNAS: {"u": ...})."""
         return {}
+
+    def reported(self) -> dict[str, Tensor]:
+        """This module's own parameters as a researcher reads them, one value per head, detached,
+        float32, shape (H,): HNAS {"u": ...}, a learned sink {"b": ...}; {} when it has none.
+        Gathered per layer by `scheme_values` for the run summary, metrics.json
+        (`scheme_params`), the loggers and the plots."""
+        return {}
+
+    @property
+    def param_lr(self) -> float | None:
+        """The learning rate of this scheme's own parameters (its option `param_lr`; None: the
+        optimizer's). They train without weight decay (`attnlab.task_module.parameter_groups`)."""
+        return getattr(self.options, "param_lr", None)
 
     # -- the computation
     def call(self, q, k, v, key_padding_mask=None, query_padding_mask=None, causal=False,
@@ -122,9 +146,11 @@ class Normalizer(nn.Module):
         missing = [n for n in self.input_names if inputs.get(n) is None]
         if missing:
             raise ConfigError(f"scheme={self.name!r} needs {', '.join(missing)} (broadcastable to "
-                              f"(B, H, 1, 1), e.g. u=0.5)")
+                              f"(B, H, 1, 1), e.g. {missing[0]}=0.5)")
         if causal and self.over_queries:
             raise ConfigError(causal_error(self.name))
+        if self.causal_only and not causal:
+            raise ConfigError(causal_only_error(self.name))
         inputs = {n: _as_tensor(t, q) for n, t in inputs.items() if n in self.input_names}
         return AttentionCall(q, k, v, key_padding_mask, query_padding_mask, bool(causal),
                              float(dropout_p), inputs)
@@ -184,7 +210,16 @@ def causal_error(name: str) -> str:
         f"causal attention with scheme={name!r} is not allowed: {name} normalizes every key "
         f"column over all queries, so each position's weights depend on future positions (it "
         f"leaks the future and breaks step-by-step decoding). Use a scheme that normalizes over "
-        f"keys (model=unas, entmax, coda, realformer) where attention is causal."
+        f"keys where attention is causal: {', '.join(f'model={n}' for n in fitting(causal=True))}."
+    )
+
+
+def causal_only_error(name: str,
+                      why: str = "each query breaks its stick over the keys before it") -> str:
+    return (
+        f"scheme={name!r} is defined for causal attention only ({why}); this attention is not "
+        f"causal. Use {name} in a causal language model (task=lm), or here one of "
+        f"{', '.join(f'model={n}' for n in fitting(causal=False))}."
     )
 
 
@@ -233,6 +268,9 @@ class LogitTransform(nn.Module):
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     row_wise: ClassVar[bool] = False
+    # defined for causal attention only (selective attention); refused elsewhere, in one line
+    causal_only: ClassVar[bool] = False
+    causal_only_why: ClassVar[str] = ""
 
     def __init__(self, options: Any = None, num_heads: int = 1, receives_logits: bool = False) -> None:
         super().__init__()
@@ -248,8 +286,62 @@ class LogitTransform(nn.Module):
         """Whether the logits go on to the next layer of the stack."""
         return True
 
+    def check_causal(self, causal: bool) -> None:
+        """Refuse attention that is not causal when this transform is `causal_only`."""
+        if self.causal_only and not causal:
+            raise ConfigError(causal_only_error(self.name, self.causal_only_why or "see its docs"))
+
     def forward(self, scores: Tensor, previous: Tensor | None) -> Tensor:
         """Logits z (B, H, S_q, S_k) from this layer's scaled scores (finite, 0 where masked) and
         the previous layer's z (0 where masked; None in the first layer)."""
         raise NotImplementedError
 
+
+
+# ----------------------------------------------------------------------------- head schemes
+class HeadScheme(nn.Module):
+    """A scheme that computes its heads' outputs itself from the projected heads, with the spec's
+    normalizer for the weights it combines (differential attention: two maps per head, their
+    difference, a norm on the output). `MultiHeadAttention` hands it its heads in `attend_heads`
+    (and the query input, for schemes that project it: `needs_query`); it returns the output
+    (B, H, S_q, d_v) and the effective weights (B, H, S_q, S_k) that the analyses record.
+
+    Like a normalizer it has `name`, `Options`, `reported()` (per head, gathered by
+    `scheme_values`) and `param_lr`; `scheme_parameters()` are those of its parameters that train
+    at `param_lr` without weight decay (default: all of them); the others train as the model's.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    reported_labels: ClassVar[dict[str, str]] = {}
+    needs_query: ClassVar[bool] = False  # the query input (B, S_q, E) must be given
+
+    def __init__(self, options: Any = None, num_heads: int = 1, head_dim: int = 1,
+                 value_dim: int | None = None, embed_dim: int | None = None,
+                 layer_index: int = 0) -> None:
+        super().__init__()
+        self.options = self.Options() if options is None else options
+        self.num_heads = int(num_heads)
+        self.head_dim = int(head_dim)
+        self.value_dim = int(head_dim if value_dim is None else value_dim)
+        self.embed_dim = int(num_heads * head_dim if embed_dim is None else embed_dim)
+        self.layer_index = int(layer_index)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, layer_index={self.layer_index}, {self.options}"
+
+    def reported(self) -> dict[str, Tensor]:
+        return {}
+
+    @property
+    def param_lr(self) -> float | None:
+        return getattr(self.options, "param_lr", None)
+
+    def scheme_parameters(self) -> list[nn.Parameter]:
+        return list(self.parameters())
+
+    def forward(self, normalizer: Normalizer, q: Tensor, k: Tensor, v: Tensor,
+                key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
+                causal: bool = False, dropout_p: float = 0.0, query: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,7 @@ U_CLAMP = 1e-4
 class HybridOptions:
     hybrid_init: float = 0.5  # initial u, the weight of DNAS
     hybrid_per: str = "head"  # one u per head, or one per layer
+    param_lr: float | None = None  # learning rate of the u logits (None: the optimizer's)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hybrid_init <= 1.0:
@@ -45,6 +47,7 @@ class HNAS(Normalizer):
     over_queries = True
     Options = HybridOptions
     input_names = ("u",)
+    reported_labels: ClassVar[dict[str, str]] = {"u": "u (weight of DNAS)"}
     fast_paths = paths.QUERY_NORMALIZED_PATHS
 
     def __init__(self, options: HybridOptions | None = None, num_heads: int | None = None) -> None:
@@ -64,18 +67,11 @@ class HNAS(Normalizer):
         """u per head, detached, shape (H,)."""
         return torch.sigmoid(self.hybrid_logit.detach()).expand(self.num_heads).clone()
 
+    def reported(self) -> dict[str, Tensor]:
+        return {"u": self.u.float()} if hasattr(self, "hybrid_logit") else {}
+
     def weights(self, logits: Tensor, u: Tensor) -> Tensor:
         u = u.to(logits.dtype)
         dnas = sinkhorn_log_weights(logits, 1).exp()
         unas = safe_log_normalize(logits, dim=-1).exp()
         return u * dnas + (1 - u) * unas
-
-
-def hybrid_u_per_layer(model: nn.Module) -> dict[str, Tensor]:
-    """{attention module name: u per head (H,)} for every HNAS attention in `model`, in order.
-    The one place that gathers u (run summary, metrics.json, the HybridWeights callback)."""
-    out = {}
-    for name, module in model.named_modules():
-        if isinstance(module, HNAS) and hasattr(module, "hybrid_logit"):
-            out[name.rpartition(".")[0]] = module.u  # the attention module that owns it
-    return out

@@ -1,4 +1,5 @@
-"""The registry: scheme name -> class, for normalizers and logit transforms alike.
+"""The registry: scheme name -> class, for normalizers and logit transforms alike (the tables
+themselves, `names` and `fitting` live in the leaf tables.py).
 
 `@register` on a subclass of `Normalizer` or `LogitTransform` makes it a `model=` choice (with a
 `conf/model/<name>.yaml`) and a `scheme=` of `attend`. Names are unique across both kinds.
@@ -9,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TypeVar
 
-from torch import nn
+from torch import Tensor, nn
 
-from attnlab.attention.schemes.base import LogitTransform, Normalizer, option_names
+from attnlab.attention.schemes.base import HeadScheme, LogitTransform, Normalizer, option_names
+from attnlab.attention.schemes.tables import (  # noqa: F401 - names and fitting: re-exported
+    HEAD_SCHEMES,
+    NORMALIZERS,
+    TRANSFORMS,
+    fitting,
+    names,
+)
 from attnlab.errors import ConfigError
-
-NORMALIZERS: dict[str, type[Normalizer]] = {}
-TRANSFORMS: dict[str, type[LogitTransform]] = {}
 
 T = TypeVar("T", bound=type)
 
@@ -25,14 +30,14 @@ def register(cls: T) -> T:
     name = getattr(cls, "name", "")
     if not name or name != name.lower() or not name.replace("_", "").isalnum():
         raise ValueError(f"{cls.__name__}.name must be a lower-case identifier, got {name!r}")
-    if issubclass(cls, Normalizer):
-        table, other = NORMALIZERS, TRANSFORMS
-    elif issubclass(cls, LogitTransform):
-        table, other = TRANSFORMS, NORMALIZERS
-    else:
-        raise TypeError(f"{cls.__name__} is neither a Normalizer nor a LogitTransform")
-    if name in other:
-        raise ValueError(f"scheme name {name!r} is taken by {other[name].__name__}")
+    tables = {Normalizer: NORMALIZERS, LogitTransform: TRANSFORMS, HeadScheme: HEAD_SCHEMES}
+    kind = next((k for k in tables if issubclass(cls, k)), None)
+    if kind is None:
+        raise TypeError(f"{cls.__name__} is neither a Normalizer, a LogitTransform nor a HeadScheme")
+    table = tables[kind]
+    for other in tables.values():
+        if other is not table and name in other:
+            raise ValueError(f"scheme name {name!r} is taken by {other[name].__name__}")
     table[name] = cls
     return cls
 
@@ -40,14 +45,14 @@ def register(cls: T) -> T:
 def unregister(name: str) -> None:
     NORMALIZERS.pop(name, None)
     TRANSFORMS.pop(name, None)
-
-
-def names() -> list[str]:
-    return sorted(NORMALIZERS) + sorted(TRANSFORMS)
+    HEAD_SCHEMES.pop(name, None)
 
 
 def normalizer_class(name: str) -> type[Normalizer]:
     name = str(name).lower()
+    if name in HEAD_SCHEMES:
+        raise ConfigError(f"scheme {name!r} computes the heads' outputs itself; it runs inside "
+                          f"MultiHeadAttention (spec={name!r}) with a normalization, not as one")
     if name in TRANSFORMS:
         raise ConfigError(
             f"scheme {name!r} transforms logits across the layers of a stack; it runs inside "
@@ -70,16 +75,18 @@ def query_normalized() -> tuple[str, ...]:
 def known_keys() -> set[str]:
     """Every option and input name of every registered scheme."""
     keys: set[str] = set()
-    for cls in (*NORMALIZERS.values(), *TRANSFORMS.values()):
+    for cls in (*NORMALIZERS.values(), *TRANSFORMS.values(), *HEAD_SCHEMES.values()):
         keys |= set(option_names(cls.Options))
         keys |= set(getattr(cls, "input_names", ()))
     return keys
 
 
 def named_scheme_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """(name, module) of every normalizer and transform inside `model`."""
+    """(name, module) of every normalizer, transform, head scheme and output gate inside `model`."""
+    from attnlab.attention.gate import OutputGate
+
     for name, module in model.named_modules():
-        if isinstance(module, (Normalizer, LogitTransform)):
+        if isinstance(module, (Normalizer, LogitTransform, HeadScheme, OutputGate)):
             yield name, module
 
 
@@ -91,3 +98,19 @@ def scheme_parameters(model: nn.Module, kind: type = Normalizer) -> list[tuple[s
         if isinstance(module, kind):
             out += [(f"{prefix}.{n}" if prefix else n, p) for n, p in module.named_parameters()]
     return out
+
+
+def scheme_values(model: nn.Module) -> dict[str, dict[str, Tensor]]:
+    """What the schemes inside `model` report of their own parameters (`Normalizer.reported`):
+    {"<scheme>_<name>": {attention module name: values per head (H,)}}, e.g.
+    {"hnas_u": {"encoder.layers.0.self_attn": tensor([0.5, ...])}}, layers in model order; also
+    head schemes' (`diff_lambda`) and output gates' (`gate_mean`, `gate_closed`: `OutputGate`). The one
+    place that gathers them (run summary, metrics.json's `scheme_params`, the SchemeParameters
+    callback and its plots)."""
+    out: dict[str, dict[str, Tensor]] = {}
+    for name, module in named_scheme_modules(model):
+        if not isinstance(module, LogitTransform):  # normalizers, head schemes, output gates
+            for key, values in module.reported().items():
+                out.setdefault(f"{module.name}_{key}", {})[name.rpartition(".")[0]] = values
+    return out
+

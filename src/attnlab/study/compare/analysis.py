@@ -26,7 +26,7 @@ import numpy as np
 from attnlab.study import stats
 from attnlab.study.compare.plan import OUTCOMES, REFERENCE, CellKey, ComparePlan
 from attnlab.study.compare.probes import MAIN, NEGATIVE, POSITIVE, ContrastSpec, ProbeCard
-from attnlab.study.evidence import Run
+from attnlab.study.evidence import Run, scheme_params
 
 ACC = OUTCOMES[0]
 # the diagnostics per layer (ExplainedAway) and per run, by the name the report gives them
@@ -106,22 +106,23 @@ def _run_level(records: list[dict], name: str) -> list[float]:
     return [float(np.mean(values))] if values else []
 
 
-def _hnas_u(records: list[dict]) -> list[float]:
-    """HNAS u per layer (its heads' mean), averaged over the runs; [] for other schemes."""
-    layers: dict[str, list[float]] = {}
+def _scheme_params(records: list[dict]) -> dict[str, list[float]]:
+    """What the scheme reports of its own parameters ({"hnas_u": ..., "sink_b": ...}), per layer
+    (its heads' mean), averaged over the runs; {} for schemes without parameters."""
+    found: dict[str, dict[str, list[float]]] = {}
     for record in records:
-        for layer, u in (record.get("hnas_u") or {}).items():
-            layers.setdefault(layer, []).append(float(np.mean(u)))
-    order = sorted(layers, key=lambda name: [int(t) if t.isdigit() else t
-                                             for t in re.split(r"(\d+)", name)])
-    return [float(np.mean(layers[name])) for name in order]
+        for key, layers in scheme_params(record).items():
+            for layer, values in layers.items():
+                found.setdefault(key, {}).setdefault(layer, []).append(float(np.mean(values)))
+    order = lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+    return {key: [float(np.mean(layers[name])) for name in sorted(layers, key=order)]
+            for key, layers in sorted(found.items())}
 
 
 def diagnostics(records: list[dict]) -> dict[str, list[float]]:
     out = {name: _per_layer(records, suffix) for name, suffix in LAYER_DIAGNOSTICS.items()}
     out |= {name: _run_level(records, key) for name, key in RUN_DIAGNOSTICS.items()}
-    out["HNAS u"] = _hnas_u(records)
-    return out
+    return out | _scheme_params(records)
 
 
 def build_cells(plan: ComparePlan, records: dict[Run, dict], lrs: dict) -> dict[CellKey, Cell]:

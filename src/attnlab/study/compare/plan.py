@@ -106,6 +106,11 @@ class ComparePlan:
                       else card.schemes)
         if self.schemes is not None:
             chosen = [s for s in chosen if s in self.schemes]
+        # the probes' attention is not causal: a causal-only scheme (stick-breaking) cannot run
+        from attnlab.attention.schemes import fitting, names
+
+        fits = fitting(causal=False)
+        chosen = [s for s in chosen if s in fits or s not in names()]
         return [REFERENCE] + [s for s in chosen if s != REFERENCE]
 
     def conditions(self, card: ProbeCard) -> list[Condition]:

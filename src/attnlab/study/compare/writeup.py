@@ -168,15 +168,17 @@ def probe_section(card: ProbeCard, cells: dict, plan: ComparePlan) -> list[str]:
 
 
 def diagnostics_section(card: ProbeCard, cells: dict, plan: ComparePlan) -> list[str]:
-    names = [*LAYER_DIAGNOSTICS, *RUN_DIAGNOSTICS, "HNAS u"]
+    present = [cells[(card.name, MAIN, s)] for s in plan.schemes_for(card)
+               if (card.name, MAIN, s) in cells]
+    # the schemes' own parameters (HNAS u, a sink's b) after the diagnostics every scheme has
+    params = sorted({k for cell in present for k in cell.diagnostics} - set(LAYER_DIAGNOSTICS)
+                    - set(RUN_DIAGNOSTICS))
+    names = [*LAYER_DIAGNOSTICS, *RUN_DIAGNOSTICS, *params]
     rows = []
-    for scheme in plan.schemes_for(card):
-        cell = cells.get((card.name, MAIN, scheme))
-        if cell is None:
-            continue
+    for cell in present:
         values = [" / ".join(f"{v:.3g}" for v in cell.diagnostics.get(n, [])) or "—"
                   for n in names]
-        rows.append(_row(scheme, *values))
+        rows.append(_row(cell.scheme, *values))
     if not rows:
         return []
     return [f"#### {card.name}: diagnostics (main setting, mean over runs; per layer)", "",

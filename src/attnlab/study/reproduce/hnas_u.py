@@ -3,9 +3,9 @@
 HNAS weights `u * DNAS + (1 - u) * UNAS` with a trainable `u` per layer and head. The paper's
 statement: each layer settles on its own mix (u differs from layer to layer). One HNAS model per
 task whose card enters this claim (first seed) at each of two learning rates of u (U_LRS: the
-optimizer's own rate, `hybrid_lr=null`, and 0.05, the hand-set rate the tasks' CPU defaults use),
+optimizer's own rate, `model.param_lr=null`, and 0.05, the hand-set rate the tasks' CPU defaults use),
 because how far u moves in a short run is mostly its learning rate's doing; `u` per attention
-module at the end of training comes from metrics.json (`hnas_u`).
+module at the end of training comes from metrics.json (`scheme_params.hnas_u`).
 
 Per learned run: u moved (a layer's mean over heads ended > MOVED from its initial value) and the
 layers' spread (max - min of the layer means). Verdict: *holds* when, at both rates, every task
@@ -22,7 +22,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, ClaimResult, Run, not_tested
+from attnlab.study.evidence import (
+    CONTRADICTED,
+    HOLDS,
+    NOT_TESTED,
+    ClaimResult,
+    Run,
+    not_tested,
+    scheme_params,
+)
 
 NAME = "hnas_u"
 TITLE = "HNAS u per layer"
@@ -33,7 +41,7 @@ U_LRS = ("null", "0.05")  # u's own learning rate: the optimizer's, and the task
 
 
 def _run(plan, task: str, extra: tuple[str, ...], u_lr: str) -> Run:
-    return plan.run(task, "hnas", plan.seeds[0], (*extra, f"task.module.hybrid_lr={u_lr}"))
+    return plan.run(task, "hnas", plan.seeds[0], (*extra, f"model.param_lr={u_lr}"))
 
 
 def runs(plan) -> list[Run]:
@@ -84,10 +92,11 @@ def measure(plan, results, out_dir: Path):
         for u_lr in U_LRS:
             run = _run(plan, task, extra, u_lr)
             record = results.get(run)
-            if record is None or not record.get("hnas_u"):
+            u = scheme_params(record or {}).get("hnas_u")
+            if record is None or not u:
                 notes.append(f"- {name}, u lr {u_lr}: {results.error(run) or 'no HNAS module'}")
                 continue
-            layers = list(record["hnas_u"].values())
+            layers = list(u.values())
             init = initial_u(record)
             means = [sum(u) / len(u) for u in layers]
             moved = init is not None and max(abs(m - init) for m in means) > MOVED
@@ -142,7 +151,7 @@ def evaluate(plan, results, out_dir: Path) -> ClaimResult:
     tasks = dict.fromkeys(t.split(":")[0] for runs in per_rate.values() for t in runs)
     return ClaimResult(
         name=NAME, title=TITLE, source=PAPER, paper=CLAIM, ours=ours,
-        setting="; ".join(plan.setting_text(t) for t in tasks) + "; task.module.hybrid_lr in "
+        setting="; ".join(plan.setting_text(t) for t in tasks) + "; model.param_lr in "
                 + ", ".join(U_LRS),
         seeds=str(plan.seeds[0]), verdict=verdict, reason=reason,
         details="\n".join(table + [""] + notes), figures=figures)

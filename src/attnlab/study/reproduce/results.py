@@ -72,12 +72,13 @@ def run_name(run: Run) -> str:
 
 
 _LAYER_KEY = re.compile(r"^explained_away/layer(\d+)/(share_below_[^/]+|min_col_sum|bound_1_over_S|"
-                        r"min_col_sum_times_S|entropy|log_col_sum/q\d+)$")
+                        r"min_col_sum_times_S|entropy|sink_mass|log_col_sum/q\d+)$")
 
 
 def explained_away(record: dict) -> dict[int, dict[str, float]]:
     """Per attention layer: share_below_<threshold>, min_col_sum, bound_1_over_S,
-    min_col_sum_times_S, entropy (mean attention entropy in nats, where the callback logs it) and
+    min_col_sum_times_S, entropy (mean attention entropy in nats, where the callback logs it),
+    sink_mass (mean 1 - row sum, where logged) and
     the log column-sum quantiles log_col_sum/qNN when the CSV has them."""
     found = _collect(record.get("metrics", {}).items())
     if found:

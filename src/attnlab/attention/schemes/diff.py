@@ -1,0 +1,178 @@
+"""Differential attention (Ye et al., "Differential Transformer", ICLR 2025), as a head scheme.
+
+Version 1 (microsoft/unilm, Diff-Transformer/multihead_diffattn.py): head h of d features splits
+its query and key into halves of d/2, (Q1, Q2) and (K1, K2), and keeps its value whole:
+
+    A_h   = N(Q1 K1^T / sqrt(d/2)) - lambda N(Q2 K2^T / sqrt(d/2))
+    out_h = RMSNorm(A_h V_h) * (1 - lambda_init)
+    lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init
+    lambda_init = 0.8 - 0.6 exp(-0.3 l)      l = the layer's 0-based index in its stack
+
+N is the spec's normalization (softmax, `unas`, as the paper; any registered one). As the
+published code: lq1, lk1, lq2, lk2 are vectors of d/2 drawn N(0, 0.1^2), one set per layer
+(`lambda_per=head`: one per head); the RMSNorm normalizes each head's d features (eps 1e-5) with
+one weight of d shared by the heads. The paper's H differential heads have as many parameters as
+2H ordinary ones: compare `model=diff` at H heads with a baseline at 2H (the published advice).
+
+Version 2 (`version=2`, Diff-Transformer-V2/multihead_flashdiffv2.py): head h has two full-size
+queries that share its key and value, the second from a projection of its own (`q2_proj`, E x E:
+their `q_proj` doubled), and a token-wise lambda from the query input x:
+
+    out_h = N(Q1 K^T / sqrt(d)) V - sigmoid(x W_lambda)_h N(Q2 K^T / sqrt(d)) V
+
+with no norm and no rescaling (W_lambda: E x H, no bias).
+
+The weights the analyses record are the effective A per head: rows sum to 1 - lambda (v1) or
+1 - sigmoid(x W_lambda) (v2) and may be negative. `reported()`: {"lambda": (H,)} (v1: lambda; v2:
+the mean sigmoid(x W_lambda) of the last forward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention.reference import masked_logits
+from attnlab.attention.schemes.base import HeadScheme, Normalizer, apply_weights
+from attnlab.attention.schemes.registry import register
+from attnlab.errors import ConfigError
+
+LAMBDA_STD = 0.1  # the published init of lq1, lk1, lq2, lk2
+NORM_EPS = 1e-5  # the published RMSNorm's eps
+
+
+def lambda_init_fn(layer_index: int) -> float:
+    """0.8 - 0.6 exp(-0.3 l), l the 0-based layer index (the code's `depth`; the paper's l - 1)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    version: int = 1  # 1: the ICLR paper; 2: Diff-Transformer-V2
+    lambda_init: float | None = None  # v1; None: 0.8 - 0.6 exp(-0.3 layer_index)
+    lambda_per: str = "layer"  # v1: one lambda per layer (published) or per head
+    param_lr: float | None = None  # learning rate of the lambda vectors (None: the optimizer's)
+
+    def __post_init__(self) -> None:
+        if self.version not in (1, 2):
+            raise ConfigError(f"model.version={self.version} must be 1 or 2")
+        if self.lambda_per not in ("layer", "head"):
+            raise ConfigError(f"model.lambda_per={self.lambda_per!r} must be layer or head")
+        if self.param_lr is not None and not self.param_lr > 0:
+            raise ConfigError(f"model.param_lr={self.param_lr:g} must be > 0 (or null: the "
+                              f"optimizer's), e.g. model.param_lr=0.05")
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight over the last dim, computed in float32 (as the published rms_norm.py)."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype != torch.float64 else x
+        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return out * self.weight.to(x.dtype)
+
+
+@register
+class DiffAttention(HeadScheme):
+    name = "diff"
+    Options = DiffOptions
+    reported_labels: ClassVar[dict[str, str]] = {"lambda": "lambda (weight of the second map)"}
+
+    def __init__(self, options: DiffOptions | None = None, num_heads: int = 1, head_dim: int = 2,
+                 value_dim: int | None = None, embed_dim: int | None = None,
+                 layer_index: int = 0) -> None:
+        super().__init__(options, num_heads, head_dim, value_dim, embed_dim, layer_index)
+        self.version = self.options.version
+        self.needs_query = self.version == 2
+        if self.version == 1:
+            if head_dim % 2:
+                raise ConfigError(f"model=diff splits each head's query and key into halves, but the "
+                                  f"head size is {head_dim} (odd); use an even embed_dim / heads")
+            init = self.options.lambda_init
+            self.lambda_init = lambda_init_fn(layer_index) if init is None else float(init)
+            rows = num_heads if self.options.lambda_per == "head" else 1
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                self.register_parameter(name, nn.Parameter(torch.randn(rows, head_dim // 2) * LAMBDA_STD))
+            self.subln = RMSNorm(self.value_dim)
+        else:
+            self.q2_proj = nn.Linear(self.embed_dim, num_heads * head_dim, bias=True)
+            self.lambda_proj = nn.Linear(self.embed_dim, num_heads, bias=False)
+            self._lambda_mean: Tensor | None = None
+
+    def extra_repr(self) -> str:
+        init = f", lambda_init={self.lambda_init:.4f}" if self.version == 1 else ""
+        return f"{super().extra_repr()}{init}"
+
+    # -- lambda
+    def lambda_full(self) -> Tensor:
+        """v1: lambda (H,) or (1,), float32 at least."""
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        l1 = torch.exp((self.lambda_q1 * self.lambda_k1).sum(-1).to(dtype))
+        l2 = torch.exp((self.lambda_q2 * self.lambda_k2).sum(-1).to(dtype))
+        return l1 - l2 + self.lambda_init
+
+    def reported(self) -> dict[str, Tensor]:
+        if self.version == 1:
+            return {"lambda": self.lambda_full().detach().float().expand(self.num_heads).clone()}
+        return {} if self._lambda_mean is None else {"lambda": self._lambda_mean}
+
+    def scheme_parameters(self) -> list[nn.Parameter]:
+        """The lambda vectors (v1); the norm's weight and v2's projections train as the model's."""
+        if self.version == 1:
+            return [self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2]
+        return []
+
+    # -- the computation
+    def _maps(self, normalizer: Normalizer, q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor,
+              v: Tensor, key_padding_mask, query_padding_mask, causal) -> tuple[Tensor, Tensor]:
+        """The two weight maps N(Q1 K1^T / sqrt(d1)) and N(Q2 K2^T / sqrt(d2)), float32."""
+        call = normalizer.call(q1, k1, v, key_padding_mask, query_padding_mask, causal)
+        w1 = normalizer.weights(masked_logits(q1, k1, key_padding_mask, query_padding_mask, causal),
+                                **call.inputs)
+        w2 = normalizer.weights(masked_logits(q2, k2, key_padding_mask, query_padding_mask, causal),
+                                **call.inputs)
+        return w1, w2
+
+    def forward(self, normalizer: Normalizer, q: Tensor, k: Tensor, v: Tensor,
+                key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
+                causal: bool = False, dropout_p: float = 0.0, query: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            if self.version == 1:
+                half = q.shape[-1] // 2
+                (q1, q2), (k1, k2) = q.split(half, -1), k.split(half, -1)
+                w1, w2 = self._maps(normalizer, q1, k1, q2, k2, v, key_padding_mask,
+                                    query_padding_mask, causal)
+                lam = self.lambda_full().to(w1.dtype).view(1, -1, 1, 1)
+                weights = w1 - lam * w2
+                out = apply_weights(weights, v, dropout_p)
+                out = self.subln(out) * (1.0 - self.lambda_init)
+                return out, weights
+            if query is None:
+                raise ConfigError("model=diff model.version=2 takes its lambda and second query "
+                                  "from the attention's query input, which this attention does "
+                                  "not give (it calls attend_heads on its own heads); use version=1")
+            b, s, _ = query.shape
+            q2 = self.q2_proj(query).view(b, s, self.num_heads, -1).transpose(1, 2)
+            w1, w2 = self._maps(normalizer, q, k, q2.to(q.dtype), k, v, key_padding_mask,
+                                query_padding_mask, causal)
+            lam = self.lambda_proj(query)
+            lam = torch.sigmoid(lam.to(torch.promote_types(lam.dtype, torch.float32))).transpose(1, 2)
+            self._remember(lam.detach(), query_padding_mask)
+            weights = w1 - lam.to(w1.dtype).unsqueeze(-1) * w2
+            return apply_weights(weights, v, dropout_p), weights
+
+    @torch.no_grad()
+    def _remember(self, lam: Tensor, query_padding_mask: Tensor | None) -> None:
+        rows = torch.ones_like(lam[:, 0]) if query_padding_mask is None else (~query_padding_mask).to(lam.dtype)
+        count = rows.sum().clamp(min=1.0)
+        self._lambda_mean = (lam * rows[:, None]).sum(dim=(0, 2)) / count
