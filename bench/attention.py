@@ -57,6 +57,13 @@ METHODS = {
     "ssmax_scaled": "SSMax, learned c (UNAS-SDPA on scaled q)",
     "sigmoid_reference": "sigmoid reference (materialized)",
     # ESPFormer: L = d sliced plans, O(L S^3) time (not in the default set: run with --methods)
+    "mha_unas": "MultiHeadAttention, UNAS (projections included)",
+    "mha_unas_causal": "MultiHeadAttention, UNAS, causal",
+    "mha_gate_headwise": "MultiHeadAttention, UNAS + headwise output gate",
+    "mha_gate_elementwise": "MultiHeadAttention, UNAS + elementwise output gate",
+    "mha_diff": "MultiHeadAttention, differential attention v1",
+    "mha_diff_v2": "MultiHeadAttention, differential attention v2",
+    "mha_selective": "MultiHeadAttention, selective attention (causal)",
     "esp_chunked": "ESP, chunked over slices (attend)",
     "esp_reference": "ESP reference (all L plans materialized)",
 }
@@ -70,7 +77,9 @@ COMPOSED = ("dnas_composed", "hnas_composed")
 MATERIALIZED_COPIES = {"unas_naive": 4, "dnas_reference": 7, "hnas_reference": 10,
                        "unas_dropout_sdpa": 4, "unas_dropout_reference": 6,
                        "hnas_dropout_reference": 11, "sigmoid_reference": 5}
-DEFAULT_METHODS = [m for m in DEFAULT_METHODS if not m.startswith("esp_")]
+# ESPFormer (O(L S^3) per head) and the whole-module measurements of the structural schemes:
+# asked for by name (--methods), not in the default run
+DEFAULT_METHODS = [m for m in DEFAULT_METHODS if not m.startswith(("esp_", "mha_"))]
 MATERIALIZED_COPIES["esp_reference"] = 4 * 64  # plans, soft sorts, their gradients, per slice
 # Work per score (one query-key pair) of each path, as (B, H, S, S)-sized matrix products of
 # inner size d (2 d FLOPs each) and exponentials, forward / backward; the backward includes the
@@ -166,6 +175,29 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
         "esp_chunked": lambda q, k, v, u: attend(q, k, v, "esp"),
         "esp_reference": lambda q, k, v, u: reference_attend(q, k, v, "esp"),
     })
+
+    # Structural schemes act on a whole attention module (projections, gate, paired maps), so
+    # they are timed as MultiHeadAttention(E = H d) self-attention on x = q's heads side by side,
+    # against the same module with UNAS (mha_unas; mha_unas_causal for selective attention).
+    modules = {"mha_unas": ("unas", False), "mha_unas_causal": ("unas", True),
+               "mha_gate_headwise": ({"scheme": "unas", "gate": "headwise"}, False),
+               "mha_gate_elementwise": ({"scheme": "unas", "gate": "elementwise"}, False),
+               "mha_diff": ("diff", False), "mha_diff_v2": ({"scheme": "diff", "version": 2}, False),
+               "mha_selective": ("selective", True)}
+
+    def module_method(spec, causal):
+        from attnlab.attention import MultiHeadAttention
+
+        torch.manual_seed(0)
+        m = MultiHeadAttention(H * d, H, spec=spec)
+
+        def run(q, k, v, u):
+            x = q.transpose(1, 2).reshape(B, q.shape[-2], H * d)
+            return m(x, causal=causal).view(B, q.shape[-2], H, d).transpose(1, 2)
+        return run
+
+    if method in modules:
+        methods[method] = module_method(*modules[method])
     fn = methods[method]
 
     def inputs(length):

@@ -77,6 +77,8 @@ class HopAttention(MultiHeadAttention):
         """M (B, r, input_dim): the hops' weighted sums of the states (B, n, input_dim)."""
         q, k, v = self.projections(states)
         out, _ = self.attend_heads(q, k, v, key_padding_mask=key_padding_mask)
+        if self.gate is not None:  # model.gate: from the hop queries, the hops' query input
+            out = self.gate(self.hop_queries.expand(states.shape[0], -1, -1).to(out.dtype), out)
         return out.transpose(1, 2).reshape(states.shape[0], self.hops, -1)
 
     def hop_weights(self, states: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

@@ -12,8 +12,10 @@ from attnlab.attention import (
     MultiHeadAttention,
     OutputGate,
     TransformerEncoderLayer,
+    attend,
     scheme_values,
 )
+from attnlab.attention.schemes import NORMALIZERS
 from attnlab.errors import ConfigError
 
 E, H = 12, 3
@@ -155,8 +157,14 @@ def test_gate_validation_spec_and_where_it_applies():
     # a decoder keeps the model's gate, also where it falls back to unas
     assert AttentionSpec("dnas", gate="elementwise").for_decoder().to_dict() == \
         {"scheme": "unas", "decoder": True, "gate": "elementwise"}
-    # no output projection, no gate (VQA's fusion, classify's hops)
-    assert MultiHeadAttention(E, H, spec=spec, project_values=False).gate is None
+    # no output projection (VQA's fusion, classify's hops): the gate gates the heads returned
+    raw = MultiHeadAttention(E, H, spec={"scheme": "dnas", "gate": "headwise"}, vdim=2 * H,
+                             project_values=False)
+    x, feats = torch.randn(2, 5, E), torch.randn(2, 3, 2 * H)
+    heads = attend(raw._split(raw.q_proj(x)), raw._split(raw.k_proj(x[:, :3])),
+                   feats.view(2, 3, H, 2).transpose(1, 2), "dnas")
+    gated = heads * raw.gate.gates(x)
+    torch.testing.assert_close(raw(x, x[:, :3], feats), gated.transpose(1, 2).reshape(2, 5, 2 * H))
     from attnlab.hf.adapter import SchemeAttention
 
     with pytest.raises(ConfigError, match="model.gate=headwise needs parameters of its own"):
@@ -189,3 +197,19 @@ def test_probe_runs_with_a_gate(tmp_path, data_dir):
              *TINY["probe"], *QUIET], tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok" and record["scheme_params"]["gate_mean"]
+
+
+@pytest.mark.parametrize("scheme", sorted(NORMALIZERS))
+def test_every_normalizer_takes_a_gate(scheme):
+    """model.gate composes with every scheme: forward and backward under padding, no NaN, the
+    gate's parameters trained and its values reported."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(E, H, spec={"scheme": scheme, "gate": "elementwise"})
+    x = torch.randn(3, 7, E, requires_grad=True)
+    kpm = torch.tensor([[False] * 7, [False] * 4 + [True] * 3, [True] * 7])
+    causal = NORMALIZERS[scheme].causal_only  # stick-breaking: causal attention only
+    out = m(x, key_padding_mask=kpm, query_padding_mask=kpm, causal=causal)
+    out.square().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert m.gate.proj.weight.grad is not None and torch.isfinite(m.gate.proj.weight.grad).all()
+    assert set(m.gate.reported()) == {"mean", "closed"}

@@ -83,6 +83,19 @@ def final_metrics(tmp_path):
     return max(records, key=lambda r: r["_dir"].stat().st_mtime)
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_takes_an_output_gate(task, tmp_path, data_dir):
+    """model.gate on a scheme every task takes (the sink: over keys, causal tasks too): it runs
+    in each task's attention and reports its gates per layer and head."""
+    run_cli([f"task={task}", "model=sink", "model.gate=headwise", "debug=fast", "callbacks=minimal",
+             *TINY[task], *QUIET], tmp_path, data_dir)
+    (record,) = metrics_files(tmp_path / "outputs")
+    assert record["status"] == "ok", record.get("error")
+    params = record["scheme_params"]
+    assert params["gate_mean"] and params["sink_b"]
+    assert set(params["gate_mean"]) <= set(params["sink_b"])  # gated where the scheme runs
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
                          ids=["SIGTERM", "SIGINT"])
 def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path, data_dir, signum, code):

@@ -33,9 +33,9 @@ class MultiHeadAttention(nn.Module):
 
     The scheme is `self.normalizer` (e.g. HNAS, which owns its `u`), after `self.transform` for
     cascade schemes (CODA, RealFormer); `self.head_scheme` (diff, else None) computes the heads'
-    outputs from the normalizer's maps. `self.gate` (model.gate; None when off, and always where
-    project_values=False: there is no output projection to gate before) multiplies each head's
-    output by sigmoid(query W_g) before out_proj. `layer_index` is this module's position in its cascade
+    outputs from the normalizer's maps. `self.gate` (model.gate; None when off) multiplies each
+    head's output by sigmoid(query W_g) before out_proj (with project_values=False, the heads'
+    outputs as they leave the module). `layer_index` is this module's position in its cascade
     stack: from 1 on it must be given the previous layer's logits (`prev_logits`), which
     `forward(..., return_logits=True)` returns; `attnlab.attention.run_stack` threads them.
 
@@ -97,9 +97,10 @@ class MultiHeadAttention(nn.Module):
         self.head_scheme = self.spec.build_head_scheme(num_heads, self.head_dim,
                                                        self.out_dim // num_heads, embed_dim,
                                                        self.layer_index)
-        # the output gate (model.gate) sits before the output projection: none without one
+        # the output gate (model.gate) gates each head's output, before the output projection
+        # where there is one (VQA's fusion and classify's hops have none: it gates what they return)
         self.gate = (OutputGate(self.spec.gate, embed_dim, num_heads, self.out_dim // num_heads, bias)
-                     if self.spec.gate is not None and project_values else None)
+                     if self.spec.gate is not None else None)
         # the role (encoder | decoder | cross) lets training rules pick stacks
         self.role = "decoder" if is_decoder else "encoder"
         self._recorders: list = []  # open record_attention handles (attention/recording.py)
