@@ -13,10 +13,6 @@ from torch import Tensor, nn
 
 from attnlab.attention import (
     AttentionSpec,
-    HeadScheme,
-    LogitTransform,
-    Normalizer,
-    OutputGate,
     TransformerEncoderLayer,
     run_stack,
     scheme_parameters,
@@ -245,8 +241,7 @@ def load_bert_weights(model: BertForMLM, state_dict: dict[str, Tensor]) -> list[
         loaded[name] = value
     if "encoder.embeddings.word_embeddings.weight" in loaded:  # the decoder is tied to it
         loaded["head.word_embeddings.weight"] = loaded["encoder.embeddings.word_embeddings.weight"]
-    schemes = {n for kind in (Normalizer, LogitTransform, HeadScheme, OutputGate)
-               for n, _ in scheme_parameters(model, kind)}  # BERT has none of these
+    schemes = {n for n, _ in scheme_parameters(model, kind=None)}  # BERT has none of these
     missing = [n for n in ours if n not in loaded and not n.startswith("head.") and n not in schemes]
     if missing:
         raise ConfigError(f"the BERT checkpoint lacks {len(missing)} encoder weights, e.g. {missing[:3]}")

@@ -57,6 +57,11 @@ class MultiViewFusion(nn.Module):
             )
         if num_views < 2:
             raise ConfigError("attention fusion needs at least 2 views; use task.fusion=primary")
+        if num_heads < 1 or dim % num_heads:
+            fits = ", ".join(str(h) for h in range(1, min(dim, 16) + 1) if dim % h == 0)
+            raise ConfigError(f"task.module.net.fusion_heads={num_heads} must divide the box "
+                              f"features' size {dim} (the heads split it); use one of {fits}, "
+                              f"e.g. task.module.net.fusion_heads=1")
         self.primary_view = primary_view
         self.secondary_views = [v for v in range(num_views) if v != primary_view]
         self.attention = nn.ModuleList(

@@ -77,7 +77,7 @@ def test_options_are_validated_by_their_scheme():
         AttentionSpec("sinkhorn", n_iter=0)
     with pytest.raises(ConfigError, match=r"hybrid_init=2 is outside \[0, 1\]"):
         AttentionSpec("hnas", hybrid_init=2)
-    with pytest.raises(ConfigError, match="hybrid_init='a': .* must be float"):
+    with pytest.raises(ConfigError, match=r"hybrid_init='a': .* must be float, e\.g\. model\.hybrid_init=0\.5$"):
         AttentionSpec("hnas", hybrid_init="a")
     with pytest.raises(ConfigError, match="alpha=1 must be > 1"):
         AttentionSpec("entmax", alpha=1)

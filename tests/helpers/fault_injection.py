@@ -37,6 +37,29 @@ class KillAt(pl.Callback):
             self._kill()
 
 
+class StepsRun(pl.Callback):
+    """Write the global step training starts from and the number of training batches this
+    process ran to `path` (JSON), so a test can tell a resume from a fresh start."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.start, self.batches = path, None, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start = int(trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import json
+
+        with open(self.path, "w") as f:
+            json.dump({"start": self.start, "batches": self.batches}, f)
+
+    def state_dict(self) -> dict:  # nothing of a run's count goes into its checkpoints
+        return {}
+
+
 class DiskFullLogger(CSVLogger):
     """A CSV logger whose disk fills up after `after` calls of log_metrics."""
 

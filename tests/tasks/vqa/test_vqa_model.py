@@ -73,6 +73,12 @@ def test_unknown_fusion_is_a_config_error():
         VQAModel(AttentionSpec(), 10, 5, 12, 3, fusion="sum")
 
 
+def test_fusion_heads_that_do_not_divide_the_features_name_the_key_the_user_typed():
+    with pytest.raises(ConfigError, match=r"^task\.module\.net\.fusion_heads=5 must divide the box "
+                                          r"features' size 12 .* use one of 1, 2, 3, 4, 6, 12"):
+        VQAModel(AttentionSpec(), 10, 5, 12, 3, fusion_heads=5)
+
+
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     dm = VQADataModule(

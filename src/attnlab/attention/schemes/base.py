@@ -49,8 +49,9 @@ def option_names(options_cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(options_cls))
 
 
-def _coerce(scheme: str, key: str, value: Any, kind: Any) -> Any:
-    """Value of option `key` as its annotated type; ConfigError naming the key otherwise."""
+def _coerce(scheme: str, key: str, value: Any, kind: Any, default: Any = None) -> Any:
+    """Value of option `key` as its annotated type; ConfigError naming the key (and, as an
+    example, its default) otherwise."""
     kinds = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
     if value is None and type(None) in kinds:
         return None
@@ -64,7 +65,9 @@ def _coerce(scheme: str, key: str, value: Any, kind: Any) -> Any:
         if t is str and isinstance(value, str):
             return value
     names = " or ".join("null" if t is type(None) else t.__name__ for t in kinds)
-    raise ConfigError(f"model.{key}={value!r}: {scheme}'s option {key} must be {names}")
+    example = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
+    raise ConfigError(f"model.{key}={value!r}: {scheme}'s option {key} must be {names}, e.g. "
+                      f"model.{key}={example}")
 
 
 def build_options(scheme: str, options_cls: type, values: Mapping[str, Any]) -> Any:
@@ -78,7 +81,8 @@ def build_options(scheme: str, options_cls: type, values: Mapping[str, Any]) -> 
             f"(see conf/model/{scheme}.yaml)"
         )
     hints = typing.get_type_hints(options_cls)
-    typed = {k: _coerce(scheme, k, v, hints[k]) for k, v in values.items()}
+    defaults = {f.name: f.default for f in dataclasses.fields(options_cls)}
+    typed = {k: _coerce(scheme, k, v, hints[k], defaults[k]) for k, v in values.items()}
     return options_cls(**typed)
 
 

@@ -90,12 +90,13 @@ def named_scheme_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
-def scheme_parameters(model: nn.Module, kind: type = Normalizer) -> list[tuple[str, nn.Parameter]]:
+def scheme_parameters(model: nn.Module, kind: type | None = Normalizer) -> list[tuple[str, nn.Parameter]]:
     """Parameters owned by schemes of type `kind` (Normalizer: HNAS's u logits; LogitTransform:
-    CODA's head MLPs), with their full names, found by type rather than by name."""
+    CODA's head MLPs; None: every scheme module, output gates included), with their full names,
+    found by type rather than by name."""
     out = []
     for prefix, module in named_scheme_modules(model):
-        if isinstance(module, kind):
+        if kind is None or isinstance(module, kind):
             out += [(f"{prefix}.{n}" if prefix else n, p) for n, p in module.named_parameters()]
     return out
 
