@@ -14,15 +14,15 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 from attnlab.attention import scheme_values
-from attnlab.attention.schemes import NORMALIZERS
+from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS
 from attnlab.loggers import LoggerAdapter
 
 
 def label(key: str) -> str:
     """The y label of quantity `<scheme>_<name>`: what its scheme says it is, else its name."""
     scheme, _, name = key.partition("_")
-    labels = getattr(NORMALIZERS.get(scheme), "reported_labels", {})
-    return labels.get(name, f"{scheme} {name}")
+    owner = NORMALIZERS.get(scheme) or HEAD_SCHEMES.get(scheme)
+    return getattr(owner, "reported_labels", {}).get(name, f"{scheme} {name}")
 
 
 class SchemeParameters(pl.Callback):

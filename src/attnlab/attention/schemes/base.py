@@ -301,7 +301,6 @@ class LogitTransform(nn.Module):
         raise NotImplementedError
 
 
-
 # ----------------------------------------------------------------------------- head schemes
 class HeadScheme(nn.Module):
     """A scheme that computes its heads' outputs itself from the projected heads, with the spec's
