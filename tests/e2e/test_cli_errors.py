@@ -73,6 +73,10 @@ def test_trainer_callback_and_logger_arguments_need_no_plus(bad_files, env):
     for line in ("max_steps: -1", "limit_train_batches: null", "reload_dataloaders_every_n_epochs: 0",
                  "save_top_k: 1", "every_n_train_steps: 100"):
         assert line in help_text, line
+    # Hydra's own groups too: the launchers and sweepers a sweep may pick
+    (launchers,) = [x for x in help_text.splitlines() if x.startswith("hydra/launcher: ")]
+    assert {"basic", "joblib", "submitit_local"} <= set(launchers.split(": ")[1].split(", "))
+    assert any(x.startswith("hydra/sweeper: ") and "optuna" in x for x in help_text.splitlines())
 
 
 def test_every_instantiated_node_lists_all_its_arguments(bad_files, env):
