@@ -79,6 +79,9 @@ def test_options_are_validated_by_their_scheme():
         AttentionSpec("hnas", hybrid_init=2)
     with pytest.raises(ConfigError, match=r"hybrid_init='a': .* must be float, e\.g\. model\.hybrid_init=0\.5$"):
         AttentionSpec("hnas", hybrid_init="a")
+    # param_lr, the option of every scheme with parameters, is checked in one place for all
+    with pytest.raises(ConfigError, match=r"^model\.param_lr=-0\.1 must be > 0 \(or null"):
+        AttentionSpec("hnas", param_lr=-0.1)
     with pytest.raises(ConfigError, match="alpha=1 must be > 1"):
         AttentionSpec("entmax", alpha=1)
     # an option of another registered scheme is ignored (tasks set model.hybrid_init for HNAS

@@ -83,6 +83,11 @@ def build_options(scheme: str, options_cls: type, values: Mapping[str, Any]) -> 
     hints = typing.get_type_hints(options_cls)
     defaults = {f.name: f.default for f in dataclasses.fields(options_cls)}
     typed = {k: _coerce(scheme, k, v, hints[k], defaults[k]) for k, v in values.items()}
+    # every scheme with parameters has `param_lr` (Normalizer.param_lr): checked here, once
+    rate = typed.get("param_lr")
+    if rate is not None and not rate > 0:
+        raise ConfigError(f"model.param_lr={rate:g} must be > 0 (or null: the optimizer's), "
+                          f"e.g. model.param_lr=0.05")
     return options_cls(**typed)
 
 

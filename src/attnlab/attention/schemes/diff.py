@@ -62,9 +62,6 @@ class DiffOptions:
             raise ConfigError(f"model.version={self.version} must be 1 or 2")
         if self.lambda_per not in ("layer", "head"):
             raise ConfigError(f"model.lambda_per={self.lambda_per!r} must be layer or head")
-        if self.param_lr is not None and not self.param_lr > 0:
-            raise ConfigError(f"model.param_lr={self.param_lr:g} must be > 0 (or null: the "
-                              f"optimizer's), e.g. model.param_lr=0.05")
 
 
 class RMSNorm(nn.Module):

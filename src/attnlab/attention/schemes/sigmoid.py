@@ -44,9 +44,6 @@ class SigmoidOptions:
         if self.bias_init_n < 1:
             raise ConfigError(f"model.bias_init_n={self.bias_init_n} must be >= 1 (the learned b "
                               f"starts at -log(bias_init_n)), e.g. model.bias_init_n=64")
-        if self.param_lr is not None and not self.param_lr > 0:
-            raise ConfigError(f"model.param_lr={self.param_lr:g} must be > 0 (or null: the "
-                              f"optimizer's), e.g. model.param_lr=0.05")
 
 
 @register

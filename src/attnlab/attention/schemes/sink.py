@@ -38,9 +38,6 @@ class SinkOptions:
         if not abs(self.sink_init) < float("inf"):
             raise ConfigError(f"model.sink_init={self.sink_init} must be a finite logit, "
                               f"e.g. model.sink_init=0.0")
-        if self.param_lr is not None and not self.param_lr > 0:
-            raise ConfigError(f"model.param_lr={self.param_lr:g} must be > 0 (or null: the "
-                              f"optimizer's), e.g. model.param_lr=0.05")
 
 
 def sink_log_weights(logits: Tensor, b: Tensor) -> Tensor:

@@ -39,9 +39,6 @@ class SSMaxOptions:
         if not abs(self.scale_init) < float("inf"):
             raise ConfigError(f"model.scale_init={self.scale_init} must be finite (the scale c of "
                               f"s * c * log n), e.g. model.scale_init=0.43")
-        if self.param_lr is not None and not self.param_lr > 0:
-            raise ConfigError(f"model.param_lr={self.param_lr:g} must be > 0 (or null: the "
-                              f"optimizer's), e.g. model.param_lr=0.05")
 
 
 @register
