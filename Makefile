@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?= model=hnas task=vqa
 export ATTNLAB_ROOT := $(CURDIR)
 
-.PHONY: install train test test-slow test-gpu gpu-check bench data docs lint clean
+.PHONY: install train test test-slow test-gpu triton-compile gpu-check bench data docs lint mutate clean
 
 install: $(STAMP)
 
@@ -37,9 +37,16 @@ test-slow: install
 test-gpu: install
 	env -u TRITON_INTERPRET $(BIN)/python -m pytest -m gpu -n0 $(PYTEST_ARGS)
 
-# what anyone with a GPU runs first: the gpu tests, the CUDA bench and a 30-step bf16 run of every
-# task with every scheme it takes, in one report (outputs/gpu_check/<time>/report.md); on a machine
-# without CUDA it stops at once, saying so
+# the Triton kernels compiled for H100 (sm_90a) and A100 (sm_80) without a GPU: shared memory,
+# registers and spills of every tile the autotuner may choose, the markdown table of docs/gpu.md
+triton-compile: install
+	$(BIN)/python -m attnlab.attention.kernels.triton_offline --all $(TRITON_COMPILE_ARGS)
+
+# what anyone with a GPU runs first, under 10 minutes: the gpu tests (bf16), a short CUDA bench and
+# a 5-step bf16 run of every task with every scheme it takes (tiny data), each step under its own
+# timeout, into outputs/gpu_check/<time>/report.md (rewritten after every step); on a machine
+# without CUDA it stops at once, saying so. GPU_CHECK_ARGS=--dry-run: the plan and its timeouts;
+# GPU_CHECK_ARGS=--full: the long version (fp32, S up to 16k, real data, 30 steps: an hour or more)
 gpu-check: install
 	$(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS)
 
@@ -60,6 +67,14 @@ docs: install
 
 lint: install
 	$(BIN)/ruff check src tasks tests bench train.py eval.py
+
+# mutation testing of the modules whose mistakes would change a conclusion (pyproject's
+# [tool.mutmut] names them and their tests; docs/results.md has the score): hours for all of them
+# on 2 cores, so not in CI; one module: make mutate MUTANTS='tasks.common.optim*'
+mutate: install
+	$(BIN)/pip install -q -e '.[mutate]'
+	OMP_NUM_THREADS=1 nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf outputs/[!.]* .pytest_cache .ruff_cache .hypothesis

@@ -366,4 +366,4 @@ def write_table(table: str, args, name: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # the CUDA bench's status: 1 when a row failed

@@ -9,23 +9,28 @@ Times, in one process, B=8, H=12, d=64 by default:
   fp32, so fp32 rows pin the memory-efficient backend and say so): the baseline;
 - DNAS and HNAS on the Triton kernels and on FlexAttention, each through its fast path
   (`attnlab.attention.paths`) called directly: a path that declines (it would have fallen back
-  to the reference) stops the bench with an error, so no row ever times the wrong thing.
+  to the reference) is an error, so no row ever times the wrong thing.
+
+Each method is checked and timed on its own: one that fails (declines, errs past the tolerance,
+crashes) gets its error in its rows and the bench goes on with the others; the exit status is 1
+when any row failed. Every result is printed (stderr) as soon as it is measured.
 
 Forward (no grad) and forward + backward; after one warm-up call (Triton and torch.compile
 compile then), --repeats synchronized runs, median. TFLOP/s counts the FLOPs of standard
 attention as flash-attention's benchmarks do, the same count for every method: forward
 4 B H S^2 d (QK^T and PV, 2 FLOPs per multiply-add), backward 2.5x the forward (5 matmuls), so
 forward + backward 14 B H S^2 d. A DNAS/HNAS row's TFLOP/s is thus *effective* (UNAS's work per
-second): its algorithm does ~10 matmuls to flash's 7 (a column pass each way), so 1.43x flash's
-time is its floor. Peak memory = torch.cuda.max_memory_allocated() during forward + backward,
+second): the Triton kernels do 11 (DNAS) / 12 (HNAS) matmuls per score to flash's 7, so 1.57x /
+1.71x flash's time is their floor (docs/gpu.md, "Work per score", counts the exponentials too).
+Peak memory = torch.cuda.max_memory_allocated() during forward + backward,
 inputs and gradients included (they alone are 8 B H S d bytes in bf16 at d_v = d).
 
 Before timing, every method's output and dq/dk/dv (and du) are checked against the float64
 reference at a small S (--check-seq): the error must stay within 16x SDPA's own error in that
-dtype on the same inputs, or the bench stops. The Markdown table is printed and written to
-bench/results/attention-cuda-<time>.md. --write-choices then records, per (S, d, dtype), which
-of Triton and Flex was faster for DNAS + HNAS forward + backward into the dispatcher's table
-(`paths.CUDA_CHOICES_FILE`, read by `attend` on CUDA; see docs/gpu.md).
+dtype on the same inputs, or the method is not timed (its rows say why). The Markdown table is
+printed and written to bench/results/attention-cuda-<time>.md. --write-choices then records, per
+(S, d, dtype), which of Triton and Flex was faster for DNAS + HNAS forward + backward into the
+dispatcher's table (`cuda_table.CUDA_CHOICES_FILE`, read by `attend` on CUDA; see docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def sdpa_error(dtype: torch.dtype, S: int, d: int) -> float:
 
 def check(method: str, dtype: torch.dtype, S: int, d: int, yardstick: float) -> float:
     """The method's largest error (output and gradients, relative to their scale) against
-    float64, in units of `yardstick`; stops the bench when it is over TOLERANCE."""
+    float64, in units of `yardstick`; an error when it is over TOLERANCE."""
     from attnlab.attention import reference_attend
 
     scheme = "unas" if method == "sdpa_flash" else method.split("_")[0]
@@ -127,8 +132,8 @@ def check(method: str, dtype: torch.dtype, S: int, d: int, yardstick: float) -> 
     worst = max((a.double() - b).abs().max().item() / max(1.0, b.abs().max().item())
                 for a, b in zip(got, ref))
     if worst > TOLERANCE * yardstick:
-        raise SystemExit(f"{METHODS[method]} in {dtype}: error {worst:.2e} against float64 at "
-                         f"S={S} is over {TOLERANCE}x SDPA's ({yardstick:.2e}): not timing it")
+        raise RuntimeError(f"{METHODS[method]} in {dtype}: error {worst:.2e} against float64 at "
+                           f"S={S} is over {TOLERANCE}x SDPA's ({yardstick:.2e}): not timing it")
     return worst / yardstick
 
 
@@ -166,14 +171,25 @@ def measure(method: str, S: int, dtype: torch.dtype, args) -> dict:
 
 
 def _cells(res: dict, base: dict, B: int, H: int, S: int, d: int) -> str:
-    if "skipped" in res:
-        return " | ".join([res["skipped"]] * 3)
+    """The row's cells; ratios to SDPA where SDPA itself was measured."""
+    if "skipped" in res or "error" in res:
+        return " | ".join([res.get("skipped") or res["error"]] * 3)
+
+    def ratio(key):
+        return f" ({res[key] / base[key]:.2f}x)" if key in base else ""
+
     cells = []
     for key in ("fwd", "fwdbwd"):
         tflops = flops(B, H, S, d, key == "fwdbwd") / res[key] / 1e12
-        cells.append(f"{res[key] * 1e3:.2f} ms ({res[key] / base[key]:.2f}x), {tflops:.1f} TFLOP/s")
-    cells.append(f"{res['peak_gib']:.2f} GiB ({res['peak_gib'] / base['peak_gib']:.2f}x)")
+        cells.append(f"{res[key] * 1e3:.2f} ms{ratio(key)}, {tflops:.1f} TFLOP/s")
+    cells.append(f"{res['peak_gib']:.2f} GiB{ratio('peak_gib')}")
     return " | ".join(cells)
+
+
+def _error(exc: BaseException) -> dict:
+    """A failed method's row: its error in one line (a Markdown cell)."""
+    line = (str(exc).strip().splitlines() or [""])[0].replace("|", "/")[:160]
+    return {"error": f"error: {type(exc).__name__}: {line}"}
 
 
 def run(args) -> tuple[str, dict]:
@@ -181,19 +197,31 @@ def run(args) -> tuple[str, dict]:
     from rich.progress import track
 
     methods = ["sdpa_flash"] + [m for m in args.methods if m != "sdpa_flash"]
-    checks = {}
+    checks, failed = {}, {}  # failed: (dtype, method) -> the error of its check
     for name in args.dtypes:
-        yardstick = sdpa_error(DTYPES[name], args.check_seq, args.head_dim)
+        try:
+            yardstick = sdpa_error(DTYPES[name], args.check_seq, args.head_dim)
+        except Exception:  # noqa: BLE001 - SDPA's row says why; the others: the dtype's eps
+            yardstick = torch.finfo(DTYPES[name]).eps
         for method in methods:
-            checks[name, method] = check(method, DTYPES[name], args.check_seq, args.head_dim,
-                                         yardstick)
+            try:
+                checks[name, method] = check(method, DTYPES[name], args.check_seq,
+                                             args.head_dim, yardstick)
+            except Exception as exc:  # noqa: BLE001 - any failure is this method's row
+                failed[name, method] = _error(exc)
+                print(f"{name} {method} check: {failed[name, method]['error']}",
+                      file=sys.stderr, flush=True)
     jobs = [(name, S, m) for name in args.dtypes for S in args.seq for m in methods]
     results = {}
     for name, S, method in track(jobs, description="timing"):
         try:
-            results[name, S, method] = measure(method, S, DTYPES[name], args)
+            results[name, S, method] = failed.get((name, method)) or measure(
+                method, S, DTYPES[name], args)
         except torch.cuda.OutOfMemoryError:
             results[name, S, method] = {"skipped": "out of memory"}
+        except Exception as exc:  # noqa: BLE001 - the others are still timed
+            results[name, S, method] = _error(exc)
+        print(f"{name} S={S} {method}: {results[name, S, method]}", file=sys.stderr, flush=True)
         torch.cuda.empty_cache()
     rows = []
     for name, S, method in jobs:
@@ -202,7 +230,8 @@ def run(args) -> tuple[str, dict]:
                                    and name == "fp32" else "")
         rows.append(f"| {name} | {S} | {label} | "
                     f"{_cells(results[name, S, method], base, args.batch, args.heads, S, args.head_dim)} |")
-    checked = ", ".join(f"{n} {m} {r:.1f}x" for (n, m), r in checks.items())
+    checked = ", ".join([f"{n} {m} {r:.1f}x" for (n, m), r in checks.items()]
+                        + [f"{n} {m} failed" for n, m in failed])
     header = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.batch}, "
         f"H={args.heads}, d={args.head_dim}; median of {args.repeats} synchronized runs after a "
@@ -218,7 +247,7 @@ def run(args) -> tuple[str, dict]:
 def choices_from(results: dict, head_dim: int) -> dict[str, str]:
     """{choice_key: "triton" | "flex"}: the faster for DNAS + HNAS forward + backward, per
     (S, dtype) where both were measured."""
-    from attnlab.attention import paths
+    from attnlab.attention import cuda_table
 
     table = {}
     for name, S in {(n, s) for n, s, _ in results}:
@@ -228,7 +257,7 @@ def choices_from(results: dict, head_dim: int) -> dict[str, str]:
             if all(r and "fwdbwd" in r for r in runs):
                 total[kernel] = sum(r["fwdbwd"] for r in runs)
         if len(total) == 2:
-            table[paths.choice_key(S, head_dim, DTYPES[name])] = min(total, key=total.get)
+            table[cuda_table.choice_key(S, head_dim, DTYPES[name])] = min(total, key=total.get)
     return dict(sorted(table.items()))
 
 
@@ -271,11 +300,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 1 when any row failed (the table is written all the same)."""
     args = parse(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
         raise SystemExit(NO_CUDA.format(torch.__version__))
-    from attnlab.attention import paths
+    from attnlab.attention import cuda_table
 
     # every (S, dtype) compiles FlexAttention once more; past torch's limit of 8 graphs it would
     # run unfused (materialized) and this bench would time that instead
@@ -288,9 +318,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"written to {out}", file=sys.stderr)
     if args.write_choices:
         choices = choices_from(results, args.head_dim)
-        write_choices(choices, paths.CUDA_CHOICES_FILE)
-        print(f"choices {choices} written to {paths.CUDA_CHOICES_FILE}", file=sys.stderr)
+        write_choices(choices, cuda_table.CUDA_CHOICES_FILE)
+        print(f"choices {choices} written to {cuda_table.CUDA_CHOICES_FILE}", file=sys.stderr)
+    return int(any("error" in r for r in results.values()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import random
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+# every test's global random generators start from this seed mixed with the test's id
+SEED = 20240601
+
+
+def seed_rngs(key: str) -> int:
+    """Seed torch, numpy and random from SEED and `key` (a test's or a module's id): fixed, and
+    not the leftover state of whatever ran before on the same xdist worker."""
+    seed = (SEED + zlib.crc32(key.encode())) % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return seed
+
+
+@pytest.fixture(autouse=True, scope="module")
+def seeded_module_rngs(request):
+    """Module-scoped fixtures that draw random inputs see the same state in any test order."""
+    return seed_rngs(request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def seeded_rngs(request, seeded_module_rngs):
+    """Tests that draw from the global generators (torch.randn, np.random.*, random.*) get the
+    same inputs whatever ran before them: the seed is their own id's."""
+    return seed_rngs(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

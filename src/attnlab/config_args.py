@@ -3,7 +3,8 @@
 So that `trainer.max_steps=40` or `callbacks.model_checkpoint.every_n_epochs=2` work without
 Hydra's `+`, and `--help` and every run's `config.yaml` list them, each `_target_` class named in
 `conf/trainer/`, `conf/callbacks/` and `conf/logger/` gets a config node `args/<ClassName>`
-(its `_target_` plus every argument with a default that YAML can hold), generated from the
+(its `_target_` plus every argument with a default: a default that is a dataclass, e.g.
+RichProgressBar's `theme`, becomes a `_target_` node of its fields), generated from the
 class's signature when the CLI starts (`register`). The group files pull them in under their
 node (`- optional /args@model_checkpoint: ModelCheckpoint`) and set only what differs. `optional`:
 a config composed without `register` (Hydra's compose API in a test) still composes, with only
@@ -15,6 +16,7 @@ struct config still refuses a mistyped key (with a did-you-mean, see attnlab.err
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,21 @@ def signature_defaults(target: str) -> dict[str, Any]:
             continue  # required: the group file (or the runner) gives it
         if _yaml_value(param.default):
             node[name] = list(param.default) if isinstance(param.default, tuple) else param.default
+        elif _dataclass_node(param.default) is not None:  # callbacks.progress_bar.theme.metrics_format=.4f
+            node[name] = _dataclass_node(param.default)
     return node
+
+
+def _dataclass_node(value: Any) -> dict[str, Any] | None:
+    """A dataclass instance as the `_target_` node that builds it again (None: not one, or a field
+    YAML cannot hold)."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return None
+    fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+    if not all(_yaml_value(v) for v in fields.values()):
+        return None
+    cls = type(value)
+    return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **fields}
 
 
 def _yaml_value(value: Any) -> bool:

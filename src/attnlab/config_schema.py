@@ -5,7 +5,9 @@ The schema is the code the config instantiates. Every node with a `_target_` und
 (with a did-you-mean), and a value of the wrong type (from the annotations, with pydantic).
 Ranges that types cannot say come from two tables: Trainer arguments that Lightning itself
 accepts although they make no sense (`accumulate_grad_batches=0`), and the option names every
-task uses alike (batch sizes, learning rates, dropout, fractions, lengths, widths, heads). Other
+task uses alike (batch sizes, learning rates, dropout, fractions, lengths, widths, heads); an
+option of one task only has its range where the task's class declares it, the class attribute
+`option_rules` ({name: Rule}), so this module names no task and none of a task's own options. Other
 Trainer arguments Lightning checks itself when the trainer is built, still before any data work.
 The model group is the attention scheme's own business: `AttentionSpec.from_config`, called by
 `runner.check_scheme_fits_task` right after `validate`.
@@ -29,6 +31,7 @@ from typing import Any
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.compiling import MODES as COMPILE_MODES
 from attnlab.errors import ConfigError, did_you_mean
 
 
@@ -71,7 +74,8 @@ TRAINER_RULES: dict[str, Rule] = {
                                "a fraction of the epoch in (0, 1] or a number of batches >= 1", "0.5"),
 }
 
-# Option names that mean the same in every task (tasks/*: datamodule and module arguments).
+# Option names that mean the same in every task (tasks/*: datamodule and module arguments). An
+# option of one task only is that task's business: its class's `option_rules` ({name: Rule}).
 TASK_RULES: list[tuple[tuple[str, ...], Rule]] = [
     (("batch_size", "*_batch_size"), Rule(lambda v: v is None or _int(v) and v >= 1,
                                           "an integer >= 1", "32")),
@@ -80,16 +84,14 @@ TASK_RULES: list[tuple[tuple[str, ...], Rule]] = [
                      "a number > 0, or null (the model's lr)", "0.05")),
     (("dropout", "*_dropout", "*dropout*"), Rule(lambda v: v is None or _number(v) and 0 <= v < 1,
                                                  "a number in [0, 1)", "0.1")),
-    (("weight_decay", "warmup", "warmup_*", "label_smoothing", "eps"), NONNEGATIVE),
+    (("weight_decay", "warmup", "warmup_*", "eps"), NONNEGATIVE),
     (("*fractions",), Rule(_fractions, "three numbers >= 0 that sum to 1 (train, val, test)",
                            "[0.98,0.01,0.01]")),
     (("max_length", "max_*_length", "max_position*", "max_*_positions", "d_model", "nhead",
-      "*_heads", "num_*layers", "dim_feedforward", "*_dim", "glimpses", "beam_size", "min_words",
-      "max_words", "max_ngram", "max_boxes", "answer_vocab_size", "max_question_length"),
+      "*_heads", "num_*layers", "dim_feedforward", "*_dim", "min_words", "max_words"),
      POSITIVE_INT),
-    (("max_*_examples", "val_decode_batches"), POSITIVE_INT_OR_NULL),
+    (("max_*_examples",), POSITIVE_INT_OR_NULL),
     (("num_workers",), Rule(lambda v: _int(v) and v >= 0, "an integer >= 0", "0")),
-    (("mask_rate",), Rule(lambda v: _number(v) and 0 < v < 1, "a number in (0, 1)", "0.15")),
 ]
 # Arguments whose config value attnlab reads and checks itself before the class sees it.
 OWN_VALUES = {"pytorch_lightning.loggers.wandb.WandbLogger": {"log_model"}}  # best: wandb_runs
@@ -129,6 +131,9 @@ def _check_top_level(cfg: DictConfig) -> None:
         "test": (lambda v: isinstance(v, bool), "true or false", "test=false"),
         "ckpt_path": (lambda v: v is None or isinstance(v, str), "last or a path to a .ckpt",
                       "ckpt_path=last"),
+        "compile": (lambda v: isinstance(v, bool) or v in COMPILE_MODES,
+                    f"true, false or a torch.compile mode ({', '.join(COMPILE_MODES)})",
+                    "compile=true"),
         "split": (lambda v: v in ("test", "val"), "test or val", "split=val"),
         "task.monitor_mode": (lambda v: v in ("min", "max"), "min or max", "task.monitor_mode=max"),
         "task.optimized_metric": (lambda v: isinstance(v, str) and "/" in v,
@@ -163,8 +168,12 @@ def check_node(cfg: DictConfig, key: str, rule_for: Callable[[str], Rule | None]
         if _instantiated(value):  # an injected part (task.module.net, .optimizer): its own class's
             check_node(cfg, f"{key}.{name}", rule_for)
         where = _user_key(cfg, f"{key}.{name}", raw.get(name))
+        # the class's own ranges first (a task's options: its classes' `option_rules`), then the
+        # ones its group shares by name
+        rule = getattr(cls, "option_rules", {}).get(name) or rule_for(name)
         if name not in params:
-            if takes_kwargs:
+            if takes_kwargs:  # passed on (HeadlineModule's **options to Seq2SeqModule): ranges only
+                _check_range(where, value, rule)
                 continue
             raise ConfigError(
                 f"{where}={_show(value)}: not an argument of {cls.__name__}{did_you_mean(name, params)}; "
@@ -174,14 +183,17 @@ def check_node(cfg: DictConfig, key: str, rule_for: Callable[[str], Rule | None]
         if name in OWN_VALUES.get(target, ()) or (
                 param.default is not inspect.Parameter.empty and _same(value, param.default)):
             continue
-        rule = rule_for(name)
         hint = _hints(cls).get(name)
         if hint is not None and not _instantiated(value) and not _type_ok(hint, value):
             example = rule.example if rule else EXAMPLES.get(name) or _example(hint, param.default)
             raise ConfigError(f"{where}={_show(value)}: expected {describe(hint)} "
                               f"({cls.__name__} argument {name}), e.g. {where}={example}")
-        if rule is not None and not rule.ok(value):
-            raise ConfigError(f"{where}={_show(value)}: expected {rule.allowed}, e.g. {where}={rule.example}")
+        _check_range(where, value, rule)
+
+
+def _check_range(where: str, value: Any, rule: Rule | None) -> None:
+    if rule is not None and not rule.ok(value):
+        raise ConfigError(f"{where}={_show(value)}: expected {rule.allowed}, e.g. {where}={rule.example}")
 
 
 def _check_head_splits(cfg: DictConfig, key: str) -> None:

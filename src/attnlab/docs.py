@@ -77,7 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=README, help="the README to update")
     parser.add_argument("--check", action="store_true", help="exit 1 if it is stale; write nothing")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
+    try:
+        text = args.readme.read_text()
+    except OSError as err:  # a missing file or a folder: one line, not a traceback
+        print(f"error: --readme {args.readme}: {err.strerror}; give the README, e.g. --readme README.md",
+              file=sys.stderr)
+        return 2
+    if MATRIX_BEGIN not in text or MATRIX_END not in text:
+        print(f"error: --readme {args.readme} lacks the markers {MATRIX_BEGIN} ... {MATRIX_END} the "
+              f"matrix goes between; give the README, e.g. --readme README.md", file=sys.stderr)
+        return 2
     new = render(text)
     if new == text:
         print(f"{args.readme}: the model x task matrix is current")

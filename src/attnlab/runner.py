@@ -31,6 +31,7 @@ from attnlab.attention import AttentionSpec, scheme_values
 from attnlab.attention.schemes import fitting
 from attnlab.callbacks import AfterTestAnalysis
 from attnlab.cards import CONF_DIR
+from attnlab.compiling import compile_net
 from attnlab.config_schema import validate
 from attnlab.errors import (
     ConfigError,
@@ -41,6 +42,7 @@ from attnlab.errors import (
     user_error_message,
 )
 from attnlab.files import atomic_write_text
+from attnlab.fsdp import full_parameters
 from attnlab.study.evidence import METRICS_FILE
 from attnlab.task_module import build_module
 
@@ -134,8 +136,10 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 def scheme_params(module: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
     """metrics.json's `scheme_params`: what the schemes report of their own parameters,
     {"hnas_u": {layer: [u per head]}, "sink_b": {...}}, rounded for reading."""
+    with full_parameters(module):  # under FSDP each rank holds a shard of them
+        reported = scheme_values(module)
     return {key: {layer: [round(float(x), 4) for x in values] for layer, values in layers.items()}
-            for key, layers in scheme_values(module).items()}
+            for key, layers in reported.items()}
 
 
 def wandb_run_info(loggers) -> dict:
@@ -234,6 +238,7 @@ def train(cfg: DictConfig) -> dict:
     datamodule.prepare_data()
     datamodule.setup("fit")
     module = build_module(cfg.task.module, datamodule.model_kwargs())  # sizes into their nodes
+    compile_net(module, cfg.get("compile", False))  # compile=true: torch.compile the network
     if checkpoint is not None:
         checkpoints.check_fits(ckpt_path, checkpoint, module)  # a checkpoint of another model
         del checkpoint

@@ -42,6 +42,7 @@ from attnlab.attention import Normalizer
 from attnlab.attention.schemes import HeadScheme, named_scheme_modules
 from attnlab.checkpoints import upgrade_state_dict
 from attnlab.errors import ConfigError, DataError
+from attnlab.fsdp import built_dims, clip_grad_norm
 
 LossTerm = Callable[["TaskModule"], "Tensor | None"]
 
@@ -60,6 +61,7 @@ class TaskModule(pl.LightningModule):
         self.save_hyperparameters(logger=False, ignore=["net"])
         self.net = net
         self._loss_terms: dict[str, LossTerm] = {}
+        self._built_dims: dict[int, int] = {}
 
     # ------------------------------------------------------------------ loss terms
     def register_loss_term(self, name: str, term: LossTerm) -> None:
@@ -81,10 +83,14 @@ class TaskModule(pl.LightningModule):
         return loss
 
     # ------------------------------------------------------------------ optimization
+    def setup(self, stage: str) -> None:
+        # before the strategy wraps the model: FSDP flattens every parameter to 1-D
+        self._built_dims.update(built_dims(self))
+
     def parameter_groups(self) -> list[dict]:
         opt = self.hparams.optimizer
         keywords = opt.keywords if isinstance(opt, partial) else getattr(opt, "keywords", {}) or {}
-        return parameter_groups(self, float(keywords.get("weight_decay", 0.0)))
+        return parameter_groups(self, float(keywords.get("weight_decay", 0.0)), dims=self._built_dims)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.hparams.optimizer(params=self.parameter_groups())
@@ -100,12 +106,20 @@ class TaskModule(pl.LightningModule):
         """Lightning's scheduler config; a task whose scheduler steps otherwise overrides it."""
         return {"scheduler": scheduler, "interval": "step"}
 
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and clip_grad_norm(self, gradient_clip_val):
+            return  # FSDP: the norm over every rank's shard
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     # ------------------------------------------------------------------ checkpoints
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = upgrade_state_dict(checkpoint["state_dict"])
+        if "state_dict" in checkpoint:  # FSDP has loaded the weights already, and taken them out
+            checkpoint["state_dict"] = upgrade_state_dict(checkpoint["state_dict"])
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None) -> list[dict]:
+def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+                     dims: Mapping[int, int] | None = None) -> list[dict]:
     """Optimizer groups: decayed matrices, undecayed vectors (biases, norms), and the schemes' own
     parameters (HNAS's u logits, a sink's b: the parameters of every `Normalizer` inside `model`,
     found by type) without decay, one group per scheme learning rate: the scheme's `param_lr`
@@ -116,6 +130,9 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = N
     parameter by at most about lr per step whatever its gradient's scale, so at lr 1e-3 with
     warmup and decay a logit moves < 0.3 in a 500-step CPU run, while the paper's 125k steps allow
     ~100.
+
+    `dims`: each parameter's number of dimensions as built, by id (`attnlab.fsdp.built_dims`),
+    for a model FSDP has flattened; without it, the parameters' own.
     """
     by_rate: dict[float | None, list[nn.Parameter]] = {}
     for _, module in named_scheme_modules(model):
@@ -125,8 +142,9 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = N
             by_rate.setdefault(rate, []).extend(p for p in own if p.requires_grad)
     ids = {id(p) for params in by_rate.values() for p in params}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
-    groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    matrix = {id(p) for p in rest if (dims or {}).get(id(p), p.dim()) >= 2}
+    groups = [{"params": [p for p in rest if id(p) in matrix], "weight_decay": weight_decay},
+              {"params": [p for p in rest if id(p) not in matrix], "weight_decay": 0.0}]
     for rate, params in by_rate.items():
         group = {"params": list({id(p): p for p in params}.values()), "weight_decay": 0.0}
         if rate is not None:

@@ -102,6 +102,10 @@ class Embeddings(nn.Module):
 
 
 class Seq2SeqTransformer(nn.Module):
+    # what `compile=true` compiles besides forward: the tasks' teacher forcing (target_logits)
+    # runs it (attnlab.compiling)
+    compile_methods = ("forward_hidden",)
+
     def __init__(
         self,
         vocab_size: int,

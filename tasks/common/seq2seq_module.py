@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric
 
+from attnlab.config_schema import NONNEGATIVE, POSITIVE_INT, Rule
 from attnlab.task_module import TaskModule
 from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 from tasks.common.predictions import run_file, write_predictions
@@ -42,6 +43,11 @@ class Seq2SeqModule(TaskModule):
     reference_key = "references"
     predictions_header = ("source", "reference", "hypothesis")
     progress_score = ""  # the score shown on the progress bar
+    # ranges of the seq2seq tasks' own options, checked before any work (attnlab.config_schema)
+    option_rules: ClassVar[dict[str, Rule]] = {"beam_size": Rule(POSITIVE_INT.ok, "an integer >= 1 (1: greedy)", "4"),
+                    # the val scores come from these batches only: 0 would log none to monitor
+                    "val_decode_batches": Rule(POSITIVE_INT.ok, "an integer >= 1", "2"),
+                    "label_smoothing": Rule(NONNEGATIVE.ok, "a number >= 0", "0.1")}
 
     def __init__(
         self,

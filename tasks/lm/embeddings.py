@@ -97,7 +97,12 @@ class AdaptiveEmbedding(nn.Module):
         out = self.projections[0].weight.new_zeros(*ids.shape, self.d_model)
         for (lo, hi), emb, proj in zip(itertools.pairwise(self.edges), self.embeddings, self.projections):
             inside = (ids >= lo) & (ids < hi)
-            if inside.any():
+            if torch.compiler.is_compiling():
+                # every token through every band, kept where it belongs: no data-dependent
+                # shapes or branches, which would break torch.compile's graph (compile=true)
+                band = proj(emb((ids - lo).clamp(0, hi - lo - 1))).to(out.dtype)
+                out = torch.where(inside[..., None], band, out)
+            elif inside.any():
                 out[inside] = proj(emb(ids[inside] - lo)).to(out.dtype)
         return out
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.attention import (
@@ -126,8 +127,10 @@ class TransformerLM(nn.Module):
         padding_mask (B, L), True = padding (only at the end of a window, so causal attention keeps
         it away from real positions anyway; it is passed on so that analyses skip padded rows).
         """
-        if padding_mask is not None and not bool(padding_mask.any()):
-            padding_mask = None  # the fused causal kernels serve unmasked input
+        # the fused causal kernels serve unmasked input (under torch.compile the mask stays:
+        # looking at its values would break the graph)
+        if padding_mask is not None and not torch.compiler.is_compiling() and not bool(padding_mask.any()):
+            padding_mask = None
         x = self.embed_tokens(input_ids)
         return self.final_norm(run_stack(self.layers, x, padding_mask, checkpoint=self.checkpoint))
 

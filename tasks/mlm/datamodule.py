@@ -16,11 +16,13 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from attnlab.config_schema import POSITIVE_INT, Rule
 from attnlab.errors import ConfigError, DataError
 from tasks.common import bert_assets, debian
 from tasks.common.cache import cache_path, load_arrays, save_arrays
@@ -125,6 +127,11 @@ def pad_collate(pad_id: int):
 
 
 class MLMDataModule(SplitsDataModule):
+    # ranges of this task's own options, checked before any work (attnlab.config_schema)
+    option_rules: ClassVar[dict[str, Rule]] = {"mask_rate": Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      and 0 < v < 1, "a number in (0, 1)", "0.15"),
+                    "max_ngram": Rule(POSITIVE_INT.ok, "an integer >= 1", "3")}
+
     def __init__(
         self,
         data_dir: str = "data/debian",

@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from attnlab.config_schema import POSITIVE_INT, Rule
 from attnlab.errors import ConfigError, DataError, require_dir, require_file
 from tasks.common.datamodule import SplitsDataModule
 from tasks.vqa import synthetic, synthetic_questions
@@ -40,6 +42,10 @@ MAX_TARGETS = 10
 
 
 class VQADataModule(SplitsDataModule):
+    # ranges of this task's own options, checked before any work (attnlab.config_schema)
+    option_rules: ClassVar[dict[str, Rule]] = {"max_boxes": Rule(POSITIVE_INT.ok, "an integer >= 1 (boxes kept per view)", "100"),
+                    "answer_vocab_size": Rule(POSITIVE_INT.ok, "an integer >= 1", "3000")}
+
     def __init__(
         self,
         data_dir: str,

@@ -17,12 +17,15 @@ attended image vector and the question vector, MLP classifier over the answer vo
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from attnlab.attention import AttentionSpec, MultiHeadAttention
+from attnlab.config_schema import POSITIVE_INT, Rule
 from attnlab.errors import ConfigError
 
 FUSIONS = ("attention", "primary", "concat")
@@ -167,6 +170,9 @@ class TopDownAttention(nn.Module):
 class VQAModel(nn.Module):
     """`attention`: the `model=` config (the fusion's scheme); sizes only the data know
     (vocab_size, num_answers, feature_dim, num_views) come from the datamodule."""
+
+    # ranges of options no other task has, checked before any work (attnlab.config_schema)
+    option_rules: ClassVar[dict[str, Rule]] = {"glimpses": Rule(POSITIVE_INT.ok, "an integer >= 1", "2")}
 
     def __init__(
         self,

@@ -196,6 +196,49 @@ def test_sinkhorn_converges_to_doubly_stochastic():
     torch.testing.assert_close(out, w @ v, atol=1e-5, rtol=0)
 
 
+def test_the_reference_math_at_its_edges():
+    """attention/reference.py where the schemes' tests do not reach (survivors of `make mutate`):
+    rows of very different scales, huge logits, a query mask alone, three heads, the compute
+    and output dtypes, HNAS's mix in the logits' dtype, Sinkhorn's option error."""
+    from attnlab.attention import reference
+    from attnlab.attention.schemes.hnas import HNAS
+    from attnlab.attention.schemes.sinkhorn import SinkhornOptions
+
+    # each row shifted by its own maximum: a global one would underflow the low row to zeros
+    mixed = torch.tensor([[0.0, 1.0, 2.0], [-1e4, -1e4 + 1.0, -1e4 + 2.0]])
+    row = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1)
+    torch.testing.assert_close(reference.safe_log_normalize(mixed, -1).exp(), row.expand(2, 3))
+    # logits of 1e4: the maximum is subtracted (adding it, exp overflows)
+    big = reference.safe_log_normalize(torch.tensor([[1e4, 1e4 - 1.0]]), -1).exp()
+    torch.testing.assert_close(big, torch.softmax(torch.tensor([[0.0, -1.0]]), -1))
+    # q.k / sqrt(d) in float32 from half inputs (float64 stays), nothing masked by default
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 5, 8, generator=g)
+    scores = reference.masked_logits(q.half(), k.half())
+    assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
+    torch.testing.assert_close(scores, q.half().float() @ k.half().float().transpose(-1, -2) / math.sqrt(8))
+    assert reference.masked_logits(q.double(), k.double()).dtype == torch.float64
+    # a query mask alone, on three heads: the padded queries' rows are -inf, the rest finite
+    qpm = torch.tensor([[False, False, True, True], [False] * 4])
+    masked = reference.masked_logits(q, k, query_padding_mask=qpm)
+    assert masked.shape == (2, 3, 4, 5) and torch.isinf(masked[0, :, 2:]).all()
+    assert torch.isfinite(masked[0, :, :2]).all() and torch.isfinite(masked[1]).all()
+    # the output dtype a fused kernel gives: the autocast dtype under autocast, float64 stays
+    v = torch.zeros(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert reference.output_dtype(v) == torch.bfloat16
+        assert reference.output_dtype(v.double()) == torch.float64
+    assert reference.output_dtype(v) == torch.float32
+    # HNAS's u * DNAS + (1 - u) * UNAS in the logits' dtype, whatever u's
+    logits = reference.masked_logits(q, k)
+    mix = HNAS().weights(logits, torch.full((1, 3, 1, 1), 0.25, dtype=torch.float64))
+    dnas = reference.sinkhorn_log_weights(logits, 1).exp()
+    assert mix.dtype == torch.float32
+    torch.testing.assert_close(mix, 0.25 * dnas + 0.75 * torch.softmax(logits, -1))
+    with pytest.raises(ConfigError, match=r"^model.n_iter=0 must be >= 1 \(1 equals dnas\)$"):
+        SinkhornOptions(n_iter=0)
+
+
 @pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas"])
 def test_fused_path_never_materializes_scores(scheme, backend):
     B, H, S, d = 2, 2, 256, 16

@@ -267,3 +267,40 @@ def test_cpu_kernel_memory_with_dropout_is_linear_in_sequence_length():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     grown_mib = float(out.stdout.strip().splitlines()[-1])
     assert grown_mib < 16, f"peak RSS grew by {grown_mib:.1f} MiB at S=3072"
+
+
+@pytest.mark.parametrize("kernel", ["dnas", "hnas", "sigmoid", "softpick"])
+def test_the_fused_cpu_kernels_compile_without_graph_breaks(kernel):
+    """The fused C++ kernels are torch.library custom ops (fake implementations, autograd):
+    torch.compile (dynamic shapes, aot_eager) traces a padded call with dropout through them in
+    one graph for three lengths, and gives the eager output and gradients (same dropout seed)."""
+    from torch._dynamo.utils import counters
+
+    from attnlab.attention.kernels import rowwise
+
+    assert fused.load()
+
+    def run(q, k, v, u, kpm, qpm):
+        if kernel in ("dnas", "hnas"):
+            return fused.query_normalized_attend(q, k, v, u if kernel == "hnas" else None, kpm,
+                                                 qpm, dropout_p=0.2, seed=7)
+        if kernel == "sigmoid":
+            return rowwise.sigmoid_attend(q, k, v, "learned", u, kpm, qpm, dropout_p=0.2, seed=7)
+        return rowwise.softpick_attend(q, k, v, 0.01, kpm, qpm, dropout_p=0.2, seed=7)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(run, backend="aot_eager", dynamic=True)
+    for S in (5, 9, 14):
+        q, k, v, u, kpm, qpm = padded_problem(S, S, 8, H=2, seed=S)
+        inputs = leaf(q, k, v, u)
+        wrt = inputs if kernel in ("hnas", "sigmoid") else inputs[:3]  # the others ignore u
+        g_out = torch.randn(*q.shape[:3], v.shape[-1])
+        args = (*inputs, kpm, qpm)
+        eager = out_and_grads(lambda args=args: run(*args), wrt, g_out)
+        got = out_and_grads(lambda args=args: compiled(*args), wrt, g_out)
+        for a, b in zip(got, eager):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

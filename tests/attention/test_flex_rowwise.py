@@ -149,7 +149,7 @@ def test_flex_declines_head_dims_past_its_limit(as_cuda):
 
 
 # ----------------------------------------------------------------------------- on a GPU
-@pytest.mark.parametrize("dtype", [BF16, F32])
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])  # gpu-check: "not fp32"
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(("case", "scheme", "options", "name"), CASES, ids=IDS)
 @pytest.mark.gpu

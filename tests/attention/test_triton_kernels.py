@@ -9,6 +9,7 @@ these tests use fp32 and fp16.
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -62,11 +63,11 @@ def test_forward_c_and_gradients_match_reference(S_q, S_k, d, u_value, dtype):
         torch.testing.assert_close(a.double(), b, atol=grad_tol, rtol=0)
     assert (got[0][3] == 0).all() and (got[0][2] == 0).all()  # no query / no key: zeros
     assert (got[0][0, :, qpm[0]] == 0).all()
-    # c: logsumexp over valid queries, at the keys of items that have one
+    # c: logsumexp over valid queries (kept in log2 units), at the keys of items that have one
     c = tq.column_lse(inputs[0].detach(), inputs[1].detach(), qpm)
     c_ref = torch.logsumexp(masked_logits(ref_inputs[0].detach(), ref_inputs[1].detach(),
                                           None, qpm), dim=-2)
-    torch.testing.assert_close(c[:3].double(), c_ref[:3], atol=out_tol, rtol=0)
+    torch.testing.assert_close(c[:3].double() * math.log(2), c_ref[:3], atol=out_tol, rtol=0)
 
 
 def test_several_blocks_with_dropout_match_reference(monkeypatch):
@@ -83,6 +84,77 @@ def test_several_blocks_with_dropout_match_reference(monkeypatch):
                         ref_in, g_out)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_folded_and_wide_heads_with_seed_dropout_and_d_v_match_reference(monkeypatch, scheme):
+    """Every output of the backward (dq, dk, dv, du) against the float64 reference over several
+    blocks, d != d_v, dropout by seed, padding (rows and columns with nothing valid), and two
+    heads: one whose column LSEs span a few nats (HNAS: Pu = Pd a_i b_j, one exponential) and
+    one whose span exceeds FOLD_RANGE (a few keys of large norm: Pu's own exponential)."""
+    monkeypatch.setattr(tq, "INTERPRET_BLOCK", 16)
+    q, k, v, u, kpm, qpm = padded_problem(20, 18, 8, d_v=12, H=2, seed=14)
+    k[:, 1, ::5] *= 40.0  # head 1: scores of ~100 on every 5th key
+    c = tq.column_lse(q, k, qpm)
+    folds = torch.isfinite(tq.fold_reference(c, kpm).view(4, 2))
+    # items 0, 1: head 0 folds, head 1 does not; item 2 has no valid key (no fold), item 3 no
+    # valid query (c = 0 everywhere: folds)
+    assert folds[:, 0].tolist() == [True, True, False, True] and not folds[:2, 1].any()
+    seed, p = 2**40 + 7, 0.2
+    keep = dropout.keep_mask(seed, (4, 2, 20, 18), p)
+    inputs = leaf(q, k, v) + (leaf(u) if scheme == "hnas" else [])
+    uu = inputs[3] if scheme == "hnas" else None
+    g_out = torch.randn(4, 2, 20, 12)
+    got = out_and_grads(lambda: triton_attend(*inputs[:3], uu, kpm, qpm, dropout_p=p, seed=seed),
+                        inputs, g_out)
+    ref_in = leaf(*inputs, dtype=torch.float64)
+    ref = out_and_grads(lambda: reference_out(*ref_in[:3], scheme, kpm, qpm, *ref_in[3:],
+                                              keep=keep, p=p), ref_in, g_out)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "du"], got, ref):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.double(), b, atol=2e-4, rtol=1e-4, msg=name)
+
+
+def test_offsets_past_2_31_elements_are_computed_in_int64():
+    """Heads 2**30 elements apart, so head 2 starts 2**31 elements into its tensor, where int32
+    offset arithmetic (h * stride_h, or row * stride_row) wraps to -2**31. q, k and v are views
+    of one fp16 buffer of 2**32 elements (8 GiB of address space; only the pages written are
+    ever backed by memory); the elements that a wrapped offset would read hold NaN."""
+    M, N, d, step, start = 16, 12, 8, 2**30, 2**31
+    try:
+        big = torch.empty(start + 2 * step + (M + 2 * N) * d, dtype=torch.float16)
+    except RuntimeError as error:  # an address space this large refused
+        pytest.skip(f"cannot reserve 8 GiB of address space: {error}")
+    big[: (M + 2 * N) * d] = float("nan")
+
+    def heads(offset, rows):
+        return big.as_strided((1, 3, rows, d), (3 * step, step, d, 1), start + offset)
+
+    q, k, v = heads(0, M), heads(M * d, N), heads((M + N) * d, N)
+    g = torch.Generator().manual_seed(15)
+    for t in (q, k, v):
+        t.copy_(torch.randn(t.shape, generator=g))
+    u = torch.rand(1, 3, 1, 1, generator=g)
+    inputs = leaf(q, k, v, u)
+    assert inputs[0].stride(1) == step  # the kernels get the views themselves
+    g_out = torch.randn(1, 3, M, d, generator=g)
+    got = out_and_grads(lambda: triton_attend(*inputs, None, None), inputs, g_out)
+    ref_in = leaf(*(t.contiguous() for t in inputs), dtype=torch.float64)
+    ref = out_and_grads(lambda: reference_out(*ref_in[:3], "hnas", None, None, ref_in[3]),
+                        ref_in, g_out)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.double(), b, atol=TOL[torch.float16][1], rtol=0)
+
+
+def test_declines_only_what_32_bit_program_ids_cannot_number():
+    """Shapes past 2**31 elements run (offsets are int64); past 2**31 rows of (b, h, i) they
+    decline (1-D grid and dropout counter). Meta tensors: nothing is allocated."""
+    def qkv(B, H, S, d):
+        return [torch.empty(B, H, S, d, device="meta") for _ in range(3)]
+
+    assert tq.declines(*qkv(2, 32, 2**20, 256)) is None  # 2**26 rows, 2**34 elements
+    reason = tq.declines(*qkv(4, 32, 2**24, 64))
+    assert reason is not None and "2**31" in reason and "rows" in reason
 
 
 def test_gradients_agree_with_float64_finite_differences():
@@ -255,6 +327,26 @@ def test_tile_configs_shrink_with_the_head_dim():
         assert len(small) >= 3 and 1 <= len(large) < len(small)
         assert max(tc._owned(kernel, c) for c in large) * 256 <= max(tc._MAX_TILE[kernel], 32 * 256)
         assert prune(configs, {}, BLOCK_D=512, BLOCK_DV=512)  # never empty
+
+
+def test_pinned_tiles_keep_the_largest_config_that_fits(monkeypatch):
+    """ATTNLAB_TRITON_AUTOTUNE=0: one config per kernel and head dim, the same in every process
+    (bitwise reproducible; one compile), the largest tile that the autotuned list keeps."""
+    import itertools
+
+    from attnlab.attention.kernels import _triton_configs as tc
+
+    for arch, kernel, hybrid, width in itertools.product(
+            (80, 90), ("column", "forward", "backward_kv", "backward_q"), (False, True),
+            (64, 128, 256, 512)):
+        monkeypatch.setattr(tc, "_arch", lambda named_args, a=arch: a, raising=False)
+        configs, prune = tc.configs(kernel), tc._prune(kernel)
+        monkeypatch.delenv("ATTNLAB_TRITON_AUTOTUNE", raising=False)
+        tuned = prune(configs, {}, BLOCK_D=width, BLOCK_DV=width, HYBRID=hybrid)
+        monkeypatch.setenv("ATTNLAB_TRITON_AUTOTUNE", "0")
+        pinned = prune(configs, {}, BLOCK_D=width, BLOCK_DV=width, HYBRID=hybrid)
+        assert pinned == [tuned[0]]
+        assert tc._owned(kernel, tuned[0]) == max(tc._owned(kernel, c) for c in tuned)
 
 
 def test_double_backward_refuses_with_one_clear_error():

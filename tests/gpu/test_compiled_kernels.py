@@ -39,8 +39,14 @@ ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
+DTYPE_IDS = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
+
+
 def case(device, *values):
-    return pytest.param(device, *values, marks=GPU if device == "cuda" else ())
+    """One parametrization; its id names the dtype (`make gpu-check` deselects "fp16", "fp32"
+    by default: a full-precision Triton compile takes 16-75 s)."""
+    return pytest.param(device, *values, marks=GPU if device == "cuda" else (),
+                        id="-".join(DTYPE_IDS.get(x, str(x)) for x in (device, *values)))
 
 
 # (device, scheme, S, d, d_v, dtype): S_q = S_k = S
@@ -148,13 +154,21 @@ def test_dropout_by_seed_is_the_documented_mask_and_matches_the_reference(device
     by_seed = run_kernels(scheme, q, k, v, u, kpm, qpm, g, dropout_p=p, seed=seed)
     keep = dropout.keep_mask(seed, (4, 2, S, S), p, device=device)
     by_mask = run_kernels(scheme, q, k, v, u, kpm, qpm, g, dropout_p=p, keep_mask=keep)
-    for a, b in zip(by_seed, by_mask):
+    again = run_kernels(scheme, q, k, v, u, kpm, qpm, g, dropout_p=p, seed=seed)
+    for a, b in zip(by_seed, again):  # the same call: the same tuned tile, the same bits
         assert torch.equal(a, b)
+    # By seed and by mask are two autotuning keys (the key holds every argument's dtype): on
+    # CUDA each may get its own tile, so they agree within rounding, not bitwise. Both are held
+    # to the reference with the documented mask: another mask would be off by ~p, far beyond.
     ref = reference(scheme, q, k, v, u, kpm, qpm, g, keep=keep, p=p)
     no_drop = relative_errors(run_kernels(scheme, q, k, v, u, kpm, qpm, g),
                               reference(scheme, q, k, v, u, kpm, qpm, g))
-    for err, base in zip(relative_errors(by_mask, ref), no_drop):
-        assert err <= 2 * base + ROUNDING[dtype], (err, base)
+    for got in (by_seed, by_mask):
+        for err, base in zip(relative_errors(got, ref), no_drop):
+            assert err <= 2 * base + ROUNDING[dtype], (err, base)
+    if device == "cpu":  # interpreted: one tile size whatever the arguments
+        for a, b in zip(by_seed, by_mask):
+            assert torch.equal(a, b)
 
 
 DETERMINISM_CASES = [case("cpu", "hnas", 17, 8, 12, FP32), case("cuda", "hnas", 1024, 64, 64, BF16),

@@ -41,6 +41,7 @@ CASES: list[Case] = [
     # --- the command line and the config groups
     Case("an option that does not exist", ("model=nope",), "model=nope"),
     Case("a task that does not exist", ("task=nope",), "task=nope"),
+    Case("a probe that does not exist", ("task=probe", "probe=nope"), "probe=nope"),
     Case("a mistyped Trainer argument", ("trainer.max_step=40",), "trainer.max_step=40"),
     Case("a mistyped task option", ("task.module.optimizer.lrr=0.1",), "task.module.optimizer.lrr=0.1"),
     Case("a mistyped callback argument", ("callbacks.scheme_parameters.every_n_step=5",),
@@ -72,6 +73,11 @@ CASES: list[Case] = [
     Case("a sequence length of 0", ("task=mlm", "task.data.max_length=0"), "task.data.max_length=0"),
     Case("a width the heads do not divide", ("task=mlm", "task.module.net.d_model=30", "task.module.net.nhead=4"),
          "task.module.net.d_model=30"),
+    # a task's own options: the ranges its classes declare (option_rules), not the library's table
+    Case("no boxes per view (VQA)", ("task.max_boxes=0",), "task.max_boxes=0"),
+    Case("zero glimpses (VQA)", ("task.module.net.glimpses=0",), "task.module.net.glimpses=0"),
+    Case("a masking rate of 1 (MLM)", ("task=mlm", "task.data.mask_rate=1"), "task.data.mask_rate=1"),
+    Case("a beam of 0 (headline, mt)", ("task=headline", "task.module.beam_size=0"), "task.module.beam_size=0"),
     Case("an unknown monitor mode", ("task.monitor_mode=maximum",), "task.monitor_mode=maximum"),
     Case("a word for the seed", ("seed=abc",), "seed=abc"),
     Case("an unknown data source (raised inside instantiation)", ("task.source=bogus",), "task.source"),
@@ -100,6 +106,10 @@ CASES: list[Case] = [
     # --- eval.py
     Case("eval.py without a checkpoint", (), "ckpt_path", script="eval.py"),
     Case("eval.py with a corrupt checkpoint", ("ckpt_path={tmp}/corrupt.ckpt",), "{tmp}/corrupt.ckpt",
+         script="eval.py"),
+    Case("eval.py with a checkpoint that does not exist", ("ckpt_path={tmp}/missing.ckpt",), "{tmp}/missing.ckpt",
+         script="eval.py"),
+    Case("eval.py on an unknown split", ("ckpt_path={tmp}/corrupt.ckpt", "split=train"), "split=train",
          script="eval.py"),
 ]
 

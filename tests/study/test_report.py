@@ -125,10 +125,13 @@ def test_measured_sweep_shows_the_cards_metrics_and_labels_what_varies(tmp_path,
 
 def test_metrics_option_takes_names_and_patterns(tmp_path, capsys):
     write_sweep(tmp_path)
-    assert report.main([str(tmp_path), "--metrics", "test/explained_away_l1*", "val/loss", "nope"]) == 0
+    assert report.main([str(tmp_path), "--metrics", "test/explained_away_l1*", "val/loss"]) == 0
     header = table_lines(capsys.readouterr().out)[0]
     names = [f"test/explained_away_l{i}" for i in [1, *range(10, 20)]]
-    assert header == "| configuration | seeds | not finished | " + " | ".join(names) + " | val/loss | nope |"
+    assert header == "| configuration | seeds | not finished | " + " | ".join(names) + " | val/loss |"
+    # a name no job logged is a typo, not a column of dashes (tests/e2e/test_command_errors.py)
+    assert report.main([str(tmp_path), "--metrics", "val/loss", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --metrics nope: no job logged it")
 
 
 def test_baseline_rows_are_paired_by_seed_against_scipy_and_holm(tmp_path, capsys):

@@ -3,6 +3,7 @@ fixed numbers, and its verdicts (each verdict branch pinned by a test that fails
 
 import itertools
 import math
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from attnlab.study.stats import (
     holm,
     learned_test,
     mean_se,
+    pair,
     paired_power,
     paired_t_test,
     probability_of_improvement,
@@ -40,6 +42,10 @@ def test_mean_se_is_the_sample_sd_over_root_n():
     assert mean == pytest.approx(7 / 3)
     assert se == pytest.approx(stats.sem([1.0, 2.0, 4.0]))
     assert math.isnan(mean_se([3.0])[1]) and mean_se([3.0])[0] == 3.0
+    # two values already have a spread: sd |a - b| / sqrt(2), over sqrt(2)
+    assert mean_se([1.0, 2.0]) == pytest.approx((1.5, 0.5))
+    with pytest.raises(ValueError, match="^mean_se of no values; pass at least one value$"):
+        mean_se([])
 
 
 @pytest.mark.parametrize(
@@ -129,11 +135,17 @@ def test_a_constant_shift_follows_scipy():
         (0.30, 0.25, True, 0.1, False),  # a wider margin asks for more
         (math.nan, 0.25, True, 0.01, False),  # a failed run did not learn
         (0.9, math.nan, True, 0.01, False),  # no baseline logged: cannot say it learned
+        (0.75, 0.5, True, 0.25, False),  # exactly at the margin (exact in binary): not beyond it
+        (0.25, 0.5, False, 0.25, False),
+        (math.inf, 0.25, True, 0.01, False),  # a value that is not finite never learned
+        (-math.inf, 5.0, False, 0.01, False),
     ],
 )
 def test_did_learn_beats_the_baseline_by_more_than_the_margin(metric, baseline, higher, margin,
                                                                learned):
     assert did_learn(metric, baseline, higher_is_better=higher, margin=margin) is learned
+    # higher is better unless told
+    assert did_learn(0.8, 0.25) and not did_learn(0.1, 0.25)
 
 
 # --- the family of contrasts ------------------------------------------------------------------
@@ -158,7 +170,8 @@ def test_t_interval_degenerate_cases():
     assert t_interval([0.7, 0.7, 0.7]) == (np.mean([0.7] * 3),) * 2  # no spread: (mean, mean)
     assert all(math.isnan(x) for x in t_interval([0.7]))
     assert all(math.isnan(x) for x in t_interval([]))
-    with pytest.raises(ValueError, match="level"):
+    with pytest.raises(ValueError, match=r"^level must lie strictly between 0 and 1 \(got 95\); "
+                                         r"pass e.g. level=0.95$"):
         t_interval([1.0, 2.0], level=95)
 
 
@@ -206,9 +219,17 @@ def test_tost_degenerate_cases_and_margin():
     assert tost_paired([0.875, 0.75], [0.75, 0.625], 0.0625) == 1.0  # constant shift outside
     assert tost_paired([0.8125, 0.6875], [0.75, 0.625], 0.0625) == 1.0  # on the margin: outside
     assert math.isnan(tost_paired([0.9], [0.8], 0.01))
+    with pytest.raises(ValueError, match=r"^2 scheme results and 1 baseline results cannot pair by "
+                                         r"position; pair them first \(attnlab.study.stats.pair\)$"):
+        tost_paired([0.9, 0.8], [0.8], 0.01)
     for margin in (0.0, -0.01, math.nan):
         with pytest.raises(ValueError, match="margin must be > 0"):
             tost_paired([0.9, 0.8], [0.8, 0.7], margin)
+    with pytest.raises(ValueError, match=r"^margin must be > 0 \(got 0.0\): it is the smallest "
+                                         r"difference that matters, in the metric's units, within "
+                                         r"which the two count as equivalent; pass a positive "
+                                         r"margin, e.g. margin=0.01 for an accuracy$"):
+        tost_paired([0.9, 0.8], [0.8, 0.7], 0.0)
 
 
 @pytest.mark.parametrize(
@@ -274,6 +295,14 @@ def test_paired_power_degenerate_cases():
     assert paired_power(5, 0.1, 0.0) == 1.0 and paired_power(5, 0.0, 0.0) == 0.05
     assert paired_power(12, 0.0, 1.0) == pytest.approx(0.05)  # no effect: power is alpha
     assert paired_power(12, 0.5, 1.0) == pytest.approx(paired_power(12, -0.5, 1.0))
+    # either value missing: no power, not 1
+    assert math.isnan(paired_power(5, math.nan, 1.0)) and math.isnan(paired_power(5, 0.5, math.nan))
+    with pytest.raises(ValueError, match=r"^sd must be >= 0 \(got -1.0\); pass the sd of the "
+                                         r"per-seed differences$"):
+        paired_power(5, 0.5, -1.0)
+    with pytest.raises(ValueError, match=r"^alpha must lie strictly between 0 and 1 \(got 0.0\); "
+                                         r"pass e.g. alpha=0.05$"):
+        paired_power(5, 0.5, 1.0, alpha=0.0)
 
 
 @pytest.mark.parametrize("d_z, seeds", [(0.5, 34), (0.8, 15), (1.0, 10)])
@@ -295,6 +324,26 @@ def test_seeds_for_power_bounds():
     assert seeds_for_power(1.0, 1.0, power=exactly) == 10
     with pytest.raises(ValueError, match="effect and sd"):
         seeds_for_power(math.nan, 1.0)
+    # a bad level names the argument the caller gave, with a value that works
+    with pytest.raises(ValueError, match=r"^alpha must lie strictly between 0 and 1 \(got 1.5\); "
+                                         r"pass e.g. alpha=0.05$"):
+        seeds_for_power(0.5, 1.0, alpha=1.5)
+    with pytest.raises(ValueError, match=r"^power must lie strictly between 0 and 1 \(got 1.0\); "
+                                         r"pass e.g. power=0.95$"):
+        seeds_for_power(0.5, 1.0, power=1.0)
+    with pytest.raises(ValueError, match=r"pass the smallest difference worth detecting and the sd "
+                                         r"of the per-seed differences \(e.g. from a pilot"):
+        seeds_for_power(0.5, -1.0)
+    with pytest.raises(ValueError, match=r"^maximum \(5\) is below minimum \(6\); pass maximum >= "
+                                         r"minimum >= 2$"):
+        seeds_for_power(3.0, 1.0, minimum=6, maximum=5)
+    # the search runs up to maximum itself, and no further
+    assert seeds_for_power(3.0, 1.0, minimum=6, maximum=6) == 6
+    assert seeds_for_power(3.0, 1.0, maximum=5) == 4 and seeds_for_power(3.0, 1.0, maximum=3) == 3
+    # no noise and no effect: the test rejects at rate alpha whatever n, so power is reached at
+    # once or never (reached exactly counts)
+    assert seeds_for_power(0.0, 0.0) == 200
+    assert seeds_for_power(0.0, 0.0, alpha=0.5, power=0.5) == 2
 
 
 @pytest.mark.parametrize(
@@ -314,11 +363,16 @@ def test_learned_test_verdicts_and_degenerate_cases():
     assert learned_test(33, 100, 0.25)[0] is False
     assert learned_test(1, 100, 0.0) == (True, 0.0)  # any right answer beats chance 0
     assert learned_test(1, 1, 0.5, alpha=0.5) == (False, 0.5)  # p at alpha is not below it
+    with pytest.raises(ValueError, match=r"^alpha must lie strictly between 0 and 1 \(got 2\); "
+                                         r"pass e.g. alpha=0.05$"):
+        learned_test(1, 2, 0.5, alpha=2)
     for total, chance in [(0, 0.25), (100, 1.0), (100, -0.1), (100, math.nan)]:
         learned, p = learned_test(0, total, chance)
         assert learned is False and math.isnan(p)
-    with pytest.raises(ValueError, match="correct"):
+    with pytest.raises(ValueError, match=r"^correct \(101\) must lie in \[0, total=100\]; pass the "
+                                         r"number of right answers out of total$"):
         learned_test(101, 100, 0.25)
+    assert learned_test(0, 100, 0.25) == (False, 1.0)  # no right answer is a valid count
 
 
 def test_contrast_matches_its_pieces():
@@ -383,6 +437,35 @@ def test_contrast_without_pairs_is_all_nan_and_inconclusive():
 def test_contrast_verdict_table(difference, p, tost_p, higher, expected):
     assert contrast_verdict(difference, p, tost_p, 0.05, higher) == expected
     assert expected in VERDICTS
+
+
+def test_contrast_verdict_defaults_and_a_zero_difference():
+    # defaults: alpha 0.05, higher is better
+    assert contrast_verdict(0.1, 0.5, 0.01) == EQUIVALENT
+    assert contrast_verdict(0.1, 0.01, 0.5) == BETTER
+    # a mean difference of exactly 0 is never better or worse, whatever its p
+    assert contrast_verdict(0.0, 0.01, 0.01) == EQUIVALENT
+
+
+def test_paired_t_test_degenerate_cases_report_their_degrees_of_freedom():
+    """The cases the module docstring defines, t and df included (a report prints both)."""
+    assert paired_t_test([], []).df == 0
+    one = paired_t_test([0.5], [0.25])
+    assert math.isnan(one.t) and one.df == 0 and math.isnan(one.p_value)
+    assert astuple(paired_t_test([0.5, 0.75, 0.25], [0.5, 0.75, 0.25])) == (0.0, 2, 1.0)
+    assert astuple(paired_t_test([0.75, 0.5, 1.0], [0.5, 0.25, 0.75])) == (math.inf, 2, 0.0)
+    assert astuple(paired_t_test([0.5, 0.25], [0.75, 0.5])) == (-math.inf, 1, 0.0)
+
+
+def test_pair_counts_what_it_leaves_out_and_names_the_fix():
+    assert pair([0.5, 0.25], [0.75, 0.5])[2] == 0  # sequences of equal length: nothing dropped
+    with pytest.raises(TypeError, match=r"^pass both results as \{seed: value\} mappings or both "
+                                        r"as sequences$"):
+        pair({1: 0.5}, [0.5])
+    with pytest.raises(ValueError, match=r"^2 scheme results and 1 baseline results cannot pair by "
+                                         r"position; pass \{seed: value\} mappings to pair them by "
+                                         r"seed$"):
+        pair([0.5, 0.25], [0.5])
 
 
 def test_family_identical_configurations_are_equivalent_never_better_or_worse():
@@ -454,6 +537,21 @@ def test_family_holm_runs_separately_on_differences_and_on_tost():
     assert family["close"].tost_adjusted == pytest.approx(3 * single["close"].tost_p)
     assert family["better"].p_adjusted == pytest.approx(3 * single["better"].p_value)
     assert family["one seed"].verdict == INCONCLUSIVE
+
+
+def test_family_contrasts_use_the_direction_and_level_given():
+    """Each member is `contrast` with the family's direction (its probability of improvement is
+    the baseline's beating the scheme when lower is better) and level (its intervals)."""
+    noisy = ([0.5, 0.7, 0.4, 0.9], [0.6, 0.5, 0.5, 0.6])
+    family = contrast_family({"a": (*noisy, 0.01)}, higher_is_better=False, level=0.8)["a"]
+    alone = contrast(*noisy, 0.01, higher_is_better=False, level=0.8)
+    assert family.probability_of_improvement == alone.probability_of_improvement == 0.4375
+    assert family.poi_interval == alone.poi_interval
+    assert family.scheme_interval == alone.scheme_interval
+    assert family.difference_interval == alone.difference_interval == pytest.approx(
+        t_interval([-0.1, 0.2, -0.1, 0.3], 0.8))
+    higher = contrast_family({"a": (*noisy, 0.01)})["a"]  # higher is better: P(scheme > baseline)
+    assert higher.probability_of_improvement == 0.5625
 
 
 def test_family_margin_must_be_positive_and_is_named():

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from attnlab.attention.gate import OutputGate
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.reference import masked_logits, valid_mask
-from attnlab.attention.schemes import apply_weights
+from attnlab.attention.schemes import apply_weights, module_name
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
@@ -289,4 +289,4 @@ class MultiHeadAttention(nn.Module):
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     """[(name, module)] for every MultiHeadAttention in `model`, in named_modules() order."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    return [(module_name(name), m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)]

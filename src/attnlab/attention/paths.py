@@ -20,17 +20,25 @@ the paths: the schemes import this module, never the other way round.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnlab.attention import notices
+from attnlab.attention.cuda_table import (  # noqa: F401  (paths.pinned_cuda_path etc.: docs, bench)
+    CHOICE_LENGTHS,
+    CUDA_CHOICES_FILE,
+    DEFAULT_CUDA_PATH,
+    choice_key,
+    cuda_choices,
+    length_bucket,
+    measured_head_dims,
+    pinned_cuda_path,
+    preferred_cuda_path,
+)
 from attnlab.attention.kernels import (
     composed,
     flex,
@@ -40,7 +48,6 @@ from attnlab.attention.kernels import (
     triton_query_normalized,
 )
 from attnlab.attention.reference import compute_dtype, output_dtype
-from attnlab.errors import ConfigError
 
 CPU_DTYPES = (torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -94,6 +101,7 @@ class FastPath:
         dtype = working_dtype(call.q, device)
         if not self.supports(normalizer, device, dtype, call.dropout_p, call.causal):
             return None
+        notices.fp32_without_tf32(self.name, device, dtype)
         with torch.autocast(device_type=call.q.device.type, enabled=False):
             cast = replace(call, q=call.q.to(dtype), k=call.k.to(dtype), v=call.v.to(dtype))
             out = self.run(normalizer, cast)
@@ -142,6 +150,7 @@ def _run_unas_sdpa(normalizer, call: AttentionCall) -> Tensor | None:
     padded = call.key_padding_mask is not None or call.query_padding_mask is not None
     if device_type(call.q) == "cpu" and padded and not call.causal and fused.load():
         return None
+    notices.key_padding_keeps_flash_off(device_type(call.q), call.q.dtype, call.key_padding_mask is not None)
     return sdpa.unas_sdpa(call.q, call.k, call.v, *_masks(call), call.causal, call.dropout_p)
 
 
@@ -200,66 +209,14 @@ SINKHORN_PATHS = tuple(p if p is QUERY_NORMALIZED_FLEX else p.when(lambda n: n.o
 
 
 # ----------------------------------------------------------------------------- Triton or Flex
-CUDA_CHOICES_FILE = Path(flex.__file__).with_name("cuda_choices.json")
-DEFAULT_CUDA_PATH = "triton"  # where nothing was measured: it also serves dropout
-CHOICE_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # the buckets the bench measures
-
-
-def length_bucket(length: int) -> int:
-    """The measured length nearest above `length` (the largest one past them)."""
-    return next((b for b in CHOICE_LENGTHS if length <= b), CHOICE_LENGTHS[-1])
-
-
-def choice_key(length: int, head_dim: int, dtype: torch.dtype) -> str:
-    """The table's key, e.g. "4096/64/bfloat16" (length: max(S_q, S_k))."""
-    return f"{length_bucket(length)}/{head_dim}/{str(dtype).removeprefix('torch.')}"
-
-
-@functools.cache
-def cuda_choices() -> dict[str, str]:
-    """{choice_key: "triton" | "flex"}, as measured (empty when never measured)."""
-    try:
-        data = json.loads(CUDA_CHOICES_FILE.read_text())
-        choices = data["choices"]
-    except FileNotFoundError:
-        return {}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{CUDA_CHOICES_FILE} is not a table of CUDA path choices ({err}); "
-                          f"delete it or rewrite it: python bench/attention.py --device cuda "
-                          f"--write-choices") from None
-    return {key: choices[key] for key in choices if choices[key] in ("triton", "flex")}
-
-
-_pinned: list[str] = []  # pinned_cuda_path's stack
-
-
-@contextlib.contextmanager
-def pinned_cuda_path(name: str):
-    """Within the block, `name` ("triton" or "flex") serves DNAS / HNAS on CUDA wherever it
-    can, whatever the measured table says (benchmarks, comparisons)."""
-    if name not in ("triton", "flex"):
-        raise ConfigError(f"pinned_cuda_path({name!r}): the CUDA kernels are 'triton' and 'flex'")
-    _pinned.append(name)
-    try:
-        yield
-    finally:
-        _pinned.pop()
-
-
-# a constant to torch.compile (its graphs are per shape anyway): reading the table inside a traced
-# region would break the graph at every attention call
-@torch.compiler.assume_constant_result
-def preferred_cuda_path(length: int, head_dim: int, dtype: torch.dtype) -> str:
-    """"triton" or "flex": the pinned one, else the faster DNAS / HNAS kernel measured for this
-    shape, else Triton (torch.compile reads it once per compiled shape)."""
-    if _pinned:
-        return _pinned[-1]
-    return cuda_choices().get(choice_key(length, head_dim, dtype), DEFAULT_CUDA_PATH)
-
-
 def _flex_preferred(normalizer, call: AttentionCall) -> bool:
-    length = max(call.q.shape[-2], call.k.shape[-2])
-    return (preferred_cuda_path(length, call.q.shape[-1], call.q.dtype) == "flex"
+    # Plain Python values from the shapes, also where torch.compile made them symbolic (dynamic
+    # lengths): the bucket of the longer side, and the head dim if the table names it (else the
+    # default serves). Comparisons only, which guard ranges (a new bucket compiles once more)
+    # and break no graph, where reading a symbolic size as an int would.
+    bucket = max(length_bucket(call.q.shape[-2]), length_bucket(call.k.shape[-2]))
+    head_dim = next((d for d in measured_head_dims() if call.q.shape[-1] == d), 0)
+    return (preferred_cuda_path(bucket, head_dim, call.q.dtype) == "flex"
             and _flex_supports(normalizer, "cuda", call.q.dtype, call.dropout_p, call.causal))
 
 

@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 
 from attnlab.attention import scheme_values
 from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS
+from attnlab.fsdp import full_parameters
 from attnlab.loggers import LoggerAdapter
 
 
@@ -34,7 +35,9 @@ class SchemeParameters(pl.Callback):
     def _record(self, trainer, pl_module) -> None:
         step = int(trainer.global_step)
         metrics = {}
-        for key, layers in scheme_values(pl_module).items():
+        with full_parameters(pl_module):  # under FSDP each rank holds a shard of them
+            reported = scheme_values(pl_module)
+        for key, layers in reported.items():
             history = self.history.setdefault(key, {"steps": [], "values": []})
             if history["steps"] and history["steps"][-1] == step:
                 continue

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.cards import Card, task_cards
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, did_you_mean
 from attnlab.study.evidence import METRICS_FILE, load_jobs
 from attnlab.study.stats import BETTER, WORSE, Contrast, contrast_family, mean_se
 
@@ -112,11 +112,16 @@ def default_metrics(jobs: list[dict], cards: dict[str, Card] | None = None) -> l
 
 
 def expand_metrics(patterns: list[str], jobs: list[dict]) -> list[str]:
-    """--metrics: names kept as given (a missing one shows as —), patterns ('test/*') expanded."""
+    """--metrics: names kept as given (a job that did not log one shows —), patterns ('test/*')
+    expanded; a name no job logged, or a pattern that matches none, is a ConfigError (a typo
+    would otherwise print a column of dashes)."""
     logged = sorted({k for j in jobs for k in j.get("metrics", {})})
     out: list[str] = []
     for pattern in patterns:
         names = fnmatch.filter(logged, pattern) if any(c in pattern for c in "*?[") else [pattern]
+        if not set(names) & set(logged):
+            raise ConfigError(f"--metrics {pattern}: no job logged it{did_you_mean(pattern, logged)}; "
+                              f"e.g. --metrics {' '.join((logged or ['test/acc'])[:2])} (or a pattern, 'test/*')")
         out += [n for n in names if n not in out]
     return out
 

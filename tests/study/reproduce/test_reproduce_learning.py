@@ -79,6 +79,15 @@ def test_a_run_that_does_not_beat_its_baseline_is_handed_out_as_failed(tmp_path)
     assert "| toy/unas seed 1 | `val/acc` | 0.3 | 0.2 (`val/baseline_acc`) | yes |" in table
     assert "| toy/dnas seed 1 | `val/acc` | 0.205 | 0.2 (`val/baseline_acc`) | **did not learn** |" in table
     assert "| bare/unas seed 1 | `val/acc` | 0 | — | not judged |" in table
+    assert table.splitlines()[:2] == ["| run | metric | value | trivial baseline | learned |",
+                                      "|---|---|---|---|---|"]
+    assert len(table.splitlines()) == 2 + len(results.records) - 1  # the failed run has no row
+    # the texts the report prints: a value not logged is "missing"; no baseline, no comparison
+    assert results.error(missing) == "did not learn: val/acc 0.5 vs baseline missing (val/baseline_acc)"
+    assert results.learning(Run("bare", "unas", 1)).text() == "val/acc 0 (no baseline on the task's card)"
+    results.add(Run("toy", "sinkhorn", 1), {"status": "ok", "run_dir": "/nowhere"})  # no metrics
+    assert results.error(Run("toy", "sinkhorn", 1)) == (
+        "did not learn: val/acc missing vs baseline missing (val/baseline_acc)")
 
 
 def test_a_claim_draws_no_verdict_from_runs_that_did_not_learn_and_lists_them(tmp_path):
@@ -112,6 +121,7 @@ def test_a_task_with_a_config_group_of_its_name_enters_each_claim_once_per_varia
     # head diversity: every variant, each seed of the probe task (5 in quick), UNAS and CODA
     runs = head_diversity.runs(plan, "coda_diversity", "coda")
     assert len(runs) == 2 * 5 * 2 and {r.model for r in runs} == {"unas", "coda"}
+    assert {r.seed for r in runs} == {1, 2, 3, 4, 5}
 
 
 def test_the_probe_task_enters_its_claims_through_its_probes():
@@ -128,3 +138,54 @@ def test_the_probe_task_enters_its_claims_through_its_probes():
     assert {r.seed for r in probe_runs} == set(range(1, 6)) and {r.model for r in probe_runs} == {"unas", "dnas"}
     conditions = {tuple(e for e in r.extra if e.startswith("probe.options.")) for r in probe_runs}
     assert conditions == {(), ("probe.options.a_queries=false",), ("probe.options.disjoint=true",)}
+
+
+def test_head_diversity_counts_each_learned_pair_once_and_says_what_it_left_out(tmp_path):
+    """The sign test's k of n from the runs: a tie is not higher, a pair with a missing run or a
+    missing metric is left out with a note (and the task's later seeds still count), an
+    unselected task is listed as not run, the probe task takes its own seeds."""
+    conf = tmp_path / "conf"
+    for task in ("left", "other", "probe", "toy"):
+        write_task(conf, task, "[coda_diversity]")
+    with (conf / "task" / "toy.yaml").open("a") as f:  # the card's multi-head overrides
+        f.write("    multi_head: [model.num_heads=2]\n")
+    plan = Plan("full", tmp_path, tasks=("other", "probe", "toy"))  # seeds 1, 2, 3; probe 1-10
+    results = Results(plan.cards)
+    jsd = "test/avg_jsd"
+    values = {("other", 3): (0.1, 0.2), ("toy", 1): (0.1, 0.2), ("toy", 2): (0.3, 0.5),
+              ("toy", 3): (0.15, 0.15)}  # (UNAS, CODA); toy seed 3: a tie
+    for (task, seed), (base, ours) in values.items():
+        extra = plan.cards[task].multi_head
+        results.add(plan.run(task, "unas", seed, extra), ok(0.3, 0.2, **{jsd: base}))
+        results.add(plan.run(task, "coda", seed, extra), ok(0.3, 0.2, **{jsd: ours}))
+    results.add(Run("other", "unas", 1), ok(0.3, 0.2, **{jsd: 0.1}))  # its CODA run is missing
+    results.add(Run("other", "unas", 2), ok(0.3, 0.2, **{jsd: 0.1}))
+    results.add(Run("other", "coda", 2), ok(0.3, 0.2))  # finished, but logged no head JSD
+    claim = {"NAME": "coda_diversity", "TITLE": "the title", "PAPER": "the paper", "CLAIM": "it"}
+    got = head_diversity.evaluate(plan, results, claim, "coda", jsd)
+    assert (got.name, got.title, got.source, got.paper) == ("coda_diversity", "the title",
+                                                             "the paper", "it")
+    # 3 of 4 higher: P(X >= 3 | n 4, 1/2) = 5 / 16, underpowered
+    assert got.verdict == NOT_TESTED
+    assert got.reason == ("underpowered: higher in 3 of 4 measurements (sign test p 0.31; at least "
+                          "5 of 5 in one direction are needed)")
+    assert got.ours == f"coda's {jsd} above UNAS's in 3 of 4 paired measurements (sign test p 0.312)"
+    assert got.setting == ("other: CPU defaults; probe: CPU defaults; "
+                           "toy: CPU defaults model.num_heads=2")
+    assert got.seeds == "other: 1, 2, 3; probe: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10; toy: 1, 2, 3"
+    probe_missing = [f"- probe seed {s} / {m}: not run" for s in range(1, 11) for m in ("unas", "coda")]
+    assert got.details == "\n".join([
+        f"| task | seed | UNAS {jsd} | coda {jsd} | |", "|---|---|---|---|---|",
+        "| other | 3 | 0.1 | 0.2 | higher |", "| toy | 1 | 0.1 | 0.2 | higher |",
+        "| toy | 2 | 0.3 | 0.5 | higher |", "| toy | 3 | 0.15 | 0.15 | not higher |", "",
+        "- left: not run (not selected with --tasks)", "- other seed 1 / coda: not run",
+        f"- other seed 2: no {jsd}", *probe_missing])
+    # with no pair at all: not tested, and the notes say why
+    nothing = head_diversity.evaluate(plan, Results(plan.cards), claim, "coda", jsd)
+    assert (nothing.name, nothing.title, nothing.source, nothing.paper) == (
+        "coda_diversity", "the title", "the paper", "it")
+    assert nothing.verdict == NOT_TESTED
+    assert nothing.reason == "no task has a pair of runs that both learned"
+    assert nothing.details.splitlines()[:2] == ["- left: not run (not selected with --tasks)",
+                                                "- other seed 1 / unas: not run"]
+    assert all(math.isnan(p) for p in head_diversity.sign_test(0, 0))

@@ -55,6 +55,17 @@ def test_an_opposite_result_on_a_probe_the_shortcut_solves_is_not_tested():
     assert got == NOT_TESTED and "the shortcut (0.990) reaches" in why
 
 
+def test_a_contrast_predicted_worse_and_a_single_seed_are_judged_too():
+    worse = ContrastSpec("dnas", "unas", "worse")
+    high, low = [0.99, 1.0, 0.98, 1.0], [0.40, 0.38, 0.39, 0.41]
+    for scheme, against, verdict in ((low, high, HOLDS), (high, low, CONTRADICTED)):
+        family = stats.contrast_family({worse.name: (scheme, against, 0.03)})
+        assert probe_evidence.Evidence("p", {}, family, check(True), [], 4).verdict(worse) == (verdict, "")
+    # one finished pair has no test: underpowered over 1 seed, not "no finished pair"
+    got, why = evidence([0.9], [0.5]).verdict(SPEC)
+    assert got == NOT_TESTED and why.startswith("underpowered: ") and why.endswith("over 1 seeds")
+
+
 def c_inconclusive(scheme, against) -> bool:
     return stats.contrast(scheme, against, 0.03).verdict == stats.INCONCLUSIVE
 
@@ -132,18 +143,41 @@ def u_runs(moved: bool, spread: bool, tasks=("vqa", "mlm")) -> dict:
     return {t: (layers, init, moved, max(means) - min(means)) for t in tasks}
 
 
+def at_spread(spread: float, tasks=("vqa", "mlm")) -> dict:
+    """Runs whose u moved, with the layers' spread given exactly (SPREAD itself: not spread)."""
+    return {t: ([[0.8, 0.8], [0.8, 0.8]], 0.5, True, spread) for t in tasks}
+
+
+MIXED = {"vqa": u_runs(True, True)["vqa"], "mlm": u_runs(True, False)["mlm"]}
+
+
 @pytest.mark.parametrize("rates, verdict, reason", [
     ({"null": u_runs(True, True), "0.05": u_runs(True, True)}, HOLDS, ""),
     ({"null": u_runs(True, False), "0.05": u_runs(True, False)}, CONTRADICTED, ""),
-    ({"null": u_runs(False, False), "0.05": u_runs(True, True)}, NOT_TESTED, "mechanism not engaged"),
-    ({"null": u_runs(True, False), "0.05": u_runs(True, True)}, NOT_TESTED, "learning rate decides"),
-    ({"null": {}, "0.05": {}}, NOT_TESTED, "no HNAS run"),
+    ({"null": u_runs(False, False), "0.05": u_runs(True, True)}, NOT_TESTED,
+     "mechanism not engaged: u stayed within 0.05 of its start in some task at u learning rate null"),
+    ({"null": u_runs(True, False), "0.05": u_runs(True, True)}, NOT_TESTED,
+     ("u's learning rate decides it: the layers spread by > 0.05 in every task at u lr 0.05 and "
+      "not at null")),
+    ({"null": MIXED, "0.05": MIXED}, NOT_TESTED,
+     ("u's learning rate decides it: the layers spread by > 0.05 in every task at u lr none and "
+      "not at null, 0.05")),
+    ({"null": u_runs(False, False), "0.05": u_runs(False, True)}, NOT_TESTED,
+     ("mechanism not engaged: u stayed within 0.05 of its start in some task at u learning rate "
+      "null, 0.05")),
+    ({"null": u_runs(True, True), "0.05": u_runs(True, True), "0.5": u_runs(True, False)},
+     NOT_TESTED, ("u's learning rate decides it: the layers spread by > 0.05 in every task at u "
+                  "lr null, 0.05 and not at 0.5")),
+    # a spread of exactly SPREAD is not one: flat at both rates
+    ({"null": at_spread(hnas_u.SPREAD), "0.05": at_spread(hnas_u.SPREAD)}, CONTRADICTED, ""),
+    ({"null": {}, "0.05": {}}, NOT_TESTED, "no HNAS run finished and learned"),
     ({"null": u_runs(True, True, ("vqa",)), "0.05": u_runs(True, True, ("mlm",))}, NOT_TESTED,
-     "at both u learning rates"),
-])
+     "no task has a learned HNAS run at both u learning rates"),
+], ids=["holds", "contradicted", "not-engaged", "lr-decides", "none-spread", "not-engaged-2",
+        "lr-decides-3", "at-SPREAD", "no-run", "no-common-task"])
 def test_hnas_u_verdicts(rates, verdict, reason):
-    got, why = hnas_u.judge(rates)
-    assert got == verdict and reason in why
+    """The verdict and its reason, word for word (the report prints it)."""
+    assert hnas_u.judge(rates) == (verdict, reason)
 
 
 # ---------------------------------------------------------------------- head diversity
@@ -159,3 +193,5 @@ def test_head_diversity_is_a_sign_test_across_measurements(higher, n, verdict):
         assert down == pytest.approx(sum(math.comb(n, k) for k in range(higher + 1)) / 2**n)
     if verdict == NOT_TESTED and n:
         assert f"higher in {higher} of {n}" in why
+    if verdict != NOT_TESTED:
+        assert why == ""

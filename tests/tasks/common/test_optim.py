@@ -65,6 +65,25 @@ def test_inverse_sqrt_schedule_is_fairseqs():
     assert got == pytest.approx(expected, abs=1e-12)
 
 
+def test_the_schedules_at_their_edges_follow_the_formulas():
+    """The boundaries a short run or a paper's recipe meets (survivors of `make mutate`)."""
+    # warmup 1 is one step, not the whole run: only a warmup below 1 is a share
+    assert warmup_steps(1, 1000) == 1 and warmup_steps(1.5, 1000) == 1
+    # the defaults: no warmup, down to 0 (linear: (total - s) / total; cosine over 2 steps)
+    assert rates(partial(linear_schedule, total_steps=4), 5) == pytest.approx(
+        [LR, 3 * LR / 4, LR / 2, LR / 4, 0.0], abs=1e-12)
+    assert rates(partial(cosine_schedule, total_steps=2), 3) == pytest.approx(
+        [LR, LR / 2, 0.0], abs=1e-12)
+    # a warmup of 4 steps in a 5-step run: the last step decays from the full rate, (5 - 4) / 1
+    assert rates(partial(linear_schedule, total_steps=5, warmup=4), 5)[4] == pytest.approx(LR)
+    # a 1-step run (fast_dev_run) with a warmup share of 0.5 warms up over int(0.5) = 0 steps
+    assert rates(partial(linear_schedule, total_steps=1, warmup=0.5), 1) == [LR]
+    assert rates(partial(cosine_schedule, total_steps=1, warmup=0.5), 1) == [LR]
+    # fairseq's inverse sqrt with a warmup of 1 update: 0, then lr * sqrt(1 / s)
+    assert rates(partial(inverse_sqrt_schedule, warmup=1), 3) == pytest.approx(
+        [0.0, LR, LR * math.sqrt(0.5)], abs=1e-12)
+
+
 def composed(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 

@@ -151,6 +151,28 @@ def test_validation_accuracy_and_baseline_match_a_count_by_hand(probe, options, 
     assert out.shape == (n, dm.data.num_classes) and labels.shape == (n,)
 
 
+def probe_file_value(probe: str, section: str, key: str):
+    """`section.key` as conf/probe/<probe>.yaml writes it, or as the probe it builds on does."""
+    raw = OmegaConf.load(CONF / "probe" / f"{probe}.yaml")
+    value = OmegaConf.select(raw, f"{section}.{key}")
+    if value is None:
+        (parent,) = [d for d in raw.get("defaults", []) if d != "_self_"]
+        return probe_file_value(parent, section, key)
+    return value
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_a_probes_learning_rate_and_epochs_have_one_home(probe):
+    """The run's learning rate and epochs are those its conf/probe/<probe>.yaml shows: the task's
+    file gives them no value (`???`) that every probe would override unseen."""
+    task = OmegaConf.load(CONF / "task" / "probe.yaml")
+    assert OmegaConf.is_missing(task.probe, "lr") and OmegaConf.is_missing(task.trainer, "max_epochs")
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["task=probe", f"probe={probe}", "logger=none"])
+    assert cfg.task.module.optimizer.lr == probe_file_value(probe, "probe", "lr")
+    assert cfg.trainer.max_epochs == probe_file_value(probe, "trainer", "max_epochs")
+
+
 @pytest.mark.parametrize("probe", PROBES)
 def test_every_probe_config_builds_a_model_that_trains(probe, one_thread):
     """conf/probe/<probe>.yaml composed as train.py composes it (tiny sizes): its data, a model

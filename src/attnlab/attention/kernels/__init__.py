@@ -7,9 +7,11 @@ which kernel, and when; docs/attention.md has the table):
   large scores), compiled on first use (`fused.prebuild()` ahead of time, as `make install` does);
 - `composed.py`: DNAS / HNAS composed from ATen's CPU flash kernel, where the C++ kernel cannot be
   built;
-- `triton_query_normalized.py` (+ `_triton_kernels.py`): DNAS / HNAS on CUDA as Triton kernels
+- `triton_query_normalized.py` (+ `_triton_kernels.py`, `_triton_tiles.py`): DNAS / HNAS on CUDA as Triton kernels
   (triton is imported lazily: CPU-only installs never need it); `triton_ops.py` registers them as
   torch ops so `torch.compile` traces through them; `_triton_configs.py`: their autotune configs;
+  `triton_offline.py`: them compiled for H100 / A100 without a GPU (shared memory, registers,
+  spills per tile: docs/gpu.md);
 - `flex.py`: DNAS / HNAS / Sinkhorn-k on CUDA through PyTorch's FlexAttention (block masks for
   padding, sliding windows, documents; no dropout); `cuda_choices.json`: which of Triton / Flex
   serves each shape, written by `bench/attention.py --device cuda --write-choices`;

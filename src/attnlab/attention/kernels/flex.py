@@ -78,10 +78,33 @@ def log_decline_once(reason: str) -> None:
 
 
 @functools.cache
-def _compiled() -> Callable:
+def _compiled(lse_only: bool = False, backend: str = "inductor") -> Callable:
+    """flex_attention compiled with every length and batch size symbolic from the first call
+    (FlexAttention keeps head dims and head counts static itself; torch specializes a size of
+    1, i.e. one block of 128): per grad mode, dtype and score_mod a process compiles a graph for
+    one block and one for several, never one per length. The LSE-only passes (value width 16)
+    and the output passes (d_v) each have their own set of graphs (isolate_recompiles), so a
+    train + validation loop compiles at most 4 graphs a set, half torch's recompile limit.
+    fullgraph: past the limit it raises (`_flex` logs that once and runs unfused) instead of
+    falling back to the unfused S_q x S_k path without a word."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    return torch.compile(flex_attention, backend=backend, dynamic=True, fullgraph=True,
+                         isolate_recompiles=True)
+
+
+def _runs_compiled(t: Tensor) -> bool:
+    """Compiled on CUDA (the tests route CPU tensors here, compiled with aot_eager: compiled
+    CPU FlexAttention has no LSE)."""
+    return t.is_cuda
+
+
+@functools.cache
+def log_recompile_limit_once() -> None:
+    logging.getLogger(__name__).warning(
+        "FlexAttention reached torch's recompile limit (torch._dynamo.config.recompile_limit = %d) "
+        "and runs unfused from now on, materializing S_q x S_k: raise the limit, or use fewer "
+        "dtypes / mask_mods in one process", torch._dynamo.config.recompile_limit)
 
 
 @functools.cache
@@ -92,14 +115,21 @@ def _compiled_block_mask() -> Callable:
     return torch.compile(create_block_mask)
 
 
-def _flex(*args, **kwargs):
-    """flex_attention: compiled on CUDA, eager elsewhere (its 'unfused' warning silenced there)."""
+def _flex(*args, lse_only: bool = False, **kwargs):
+    """flex_attention: compiled on CUDA, eager elsewhere (its 'unfused' warning silenced there);
+    lse_only: a pass whose output is unused (its graphs are counted apart, see `_compiled`)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if torch.compiler.is_compiling():  # inside torch.compile(model): traced with the rest
         return flex_attention(*args, **kwargs)
-    if args[0].is_cuda:
-        return _compiled()(*args, **kwargs)
+    if _runs_compiled(args[0]):
+        from torch._dynamo.exc import FailOnRecompileLimitHit
+
+        try:
+            return _compiled(lse_only)(*args, **kwargs)
+        except FailOnRecompileLimitHit:
+            log_recompile_limit_once()
+            return flex_attention(*args, **kwargs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(*args, **kwargs)
@@ -199,7 +229,7 @@ def _minus(bias: Tensor) -> Callable:
 
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, block_mask,
-            scale: float) -> tuple[Tensor, Tensor]:
+            scale: float, lse_only: bool = False) -> tuple[Tensor, Tensor]:
     """softmax_j(query_i . key_j * scale - bias_j) value over kept pairs, and its row LSE
     (float32 (B, H, S)), where a row without any kept pair has LSE 0 (normalized against 0, as
     reference.safe_log_normalize), not -inf.
@@ -212,7 +242,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, bloc
     if bias is None:
         bias = query.new_zeros(*key.shape[:3], dtype=torch.float32)
     out, aux = _flex(query, key, value, score_mod=_minus(bias), block_mask=block_mask,
-                     scale=scale, return_aux=AuxRequest(lse=True))
+                     scale=scale, return_aux=AuxRequest(lse=True), lse_only=lse_only)
     lse = aux.lse.float()
     return out, torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
@@ -220,7 +250,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, bloc
 def _lse(query: Tensor, key: Tensor, bias: Tensor | None, block_mask, scale: float) -> Tensor:
     """The row LSE alone (the value is a zero (B, H, S, 16) tensor: its product costs ~nothing)."""
     return _attend(query, key, key.new_zeros(*key.shape[:3], LSE_VALUE_DIM), bias, block_mask,
-                   scale)[1]
+                   scale, lse_only=True)[1]
 
 
 def query_normalized_attend_flex(

@@ -100,55 +100,99 @@ def load() -> bool:
         return False
 
 
-class _FusedAttention(torch.autograd.Function):
-    """UNAS (column=False), DNAS (u None) or HNAS output of the fused kernel, with attention
-    dropout from a seed (the backward regenerates the mask) or an explicit keep mask (tests)."""
+def _like(t: Tensor) -> Tensor:
+    """An empty tensor laid out as the C++ kernels lay out a gradient of t (zeros_like of t, or of
+    its contiguous copy where its last dim is strided)."""
+    return torch.empty_like(t if t.stride(-1) == 1 else t.contiguous())
 
-    @staticmethod
-    def forward(ctx, q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed,
-                keep_mask, save_branch):
-        u_bh = None if u is None else u.detach().to(q.dtype).expand(q.shape[0], q.shape[1], 1, 1)
-        u_bh = None if u_bh is None else u_bh.reshape(q.shape[0], q.shape[1]).contiguous()
-        out, od, c, rd, ru = torch.ops.attnlab.query_normalized_forward(
-            q, k, v, u_bh, key_padding_mask, query_padding_mask, column, save_branch, dropout_p,
-            seed, keep_mask
-        )
-        # the backward's row sums g_i . out_i come from the output (HNAS: and from od, the
-        # output of its DNAS branch), so that it needs no g v^T product for them
-        ctx.save_for_backward(q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask,
-                              query_padding_mask, keep_mask)
-        ctx.u_shape = None if u is None else u.shape
-        ctx.options = (column, dropout_p, seed)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask, query_padding_mask, keep_mask = (
-            ctx.saved_tensors
-        )
-        dq, dk, dv, du = torch.ops.attnlab.query_normalized_backward(
-            grad.to(q.dtype), q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask, query_padding_mask,
-            *ctx.options, keep_mask,
-        )
-        grad_u = None
-        if ctx.u_shape is not None and ctx.needs_input_grad[3]:
-            grad_u = du[..., None, None].sum_to_size(ctx.u_shape)
-        return dq, dk, dv, grad_u, None, None, None, None, None, None, None
+# The C++ kernel as `torch.library.custom_op`s over the library's own ops: opaque to
+# torch.compile, with fake implementations (shapes and strides) and the forward's autograd
+# formula, so a compiled model keeps one graph through them. They take the dropout seed as a 0-d
+# int64 CPU tensor (read inside the op: no `.item()` where torch.compile traces). (The C++ ops
+# are looked up per call, so the library loads on first use and tests can spy on them.)
+@torch.library.custom_op("attnlab::fused_query_normalized_forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, u_bh: Tensor | None, key_padding_mask: Tensor | None,
+             query_padding_mask: Tensor | None, keep_mask: Tensor | None, seed: Tensor | None,
+             column: bool, save_branch: bool, dropout_p: float
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(out, od, c, rd, ru): the output and what the backward needs (csrc/query_normalized.cpp)."""
+    return torch.ops.attnlab.query_normalized_forward(
+        q, k, v, u_bh, key_padding_mask, query_padding_mask, column, save_branch, dropout_p,
+        0 if seed is None else int(seed), keep_mask)
+
+
+@_forward.register_fake
+def _(q, k, v, u_bh, key_padding_mask, query_padding_mask, keep_mask, seed, column, save_branch,
+      dropout_p):
+    B, H, M, _ = q.shape
+    out = q.new_empty(B, M, H, v.shape[-1]).transpose(1, 2)  # (B, S_q, H, d_v) memory, as C++'s
+    od = torch.empty_like(out) if u_bh is not None and save_branch else q.new_empty(0)
+    ru = q.new_empty(B, H, M) if u_bh is not None else q.new_empty(0)
+    return out, od, q.new_empty(B, H, k.shape[2]), q.new_empty(B, H, M), ru
+
+
+@torch.library.custom_op("attnlab::fused_query_normalized_backward", mutates_args=())
+def _backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, od: Tensor,
+                 u_bh: Tensor | None, c: Tensor, rd: Tensor, ru: Tensor,
+                 key_padding_mask: Tensor | None, query_padding_mask: Tensor | None,
+                 keep_mask: Tensor | None, seed: Tensor | None, column: bool, dropout_p: float
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, du) (du: the gradient of u_bh, empty without it)."""
+    return torch.ops.attnlab.query_normalized_backward(
+        grad, q, k, v, out, od, u_bh, c, rd, ru, key_padding_mask, query_padding_mask, column,
+        dropout_p, 0 if seed is None else int(seed), keep_mask)
+
+
+@_backward_op.register_fake
+def _(grad, q, k, v, out, od, u_bh, *rest):
+    du = q.new_empty(q.shape[0], q.shape[1]) if u_bh is not None else q.new_empty(0)
+    return _like(q), _like(k), _like(v), du
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, u_bh, kpm, qpm, keep_mask, seed, column, _save_branch, dropout_p = inputs
+    out, od, c, rd, ru = output
+    # the backward's row sums g_i . out_i come from the output (HNAS: and from od, the
+    # output of its DNAS branch), so that it needs no g v^T product for them
+    ctx.save_for_backward(q, k, v, out, od, u_bh, c, rd, ru, kpm, qpm, keep_mask, seed)
+    ctx.options = (column, dropout_p)
+
+
+def _backward(ctx, grad, *unused):
+    q, k, v, out, od, u_bh, c, rd, ru, kpm, qpm, keep_mask, seed = ctx.saved_tensors
+    column, dropout_p = ctx.options
+    dq, dk, dv, du = _backward_op(grad.to(q.dtype), q, k, v, out, od, u_bh, c, rd, ru, kpm, qpm,
+                                  keep_mask, seed, column, dropout_p)
+    return dq, dk, dv, (du if u_bh is not None else None), None, None, None, None, None, None, None
+
+
+_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def seed_tensor(dropout_p: float, seed: int | None, keep_mask: Tensor | None) -> Tensor | None:
+    """The dropout seed the kernels take: None without dropout (or with an explicit keep mask),
+    else `seed`, or one drawn from torch's generator, as a 0-d int64 CPU tensor."""
+    if dropout_p == 0.0 or keep_mask is not None:
+        return None
+    return dropout.draw_seed_tensor() if seed is None else torch.tensor(seed, dtype=torch.int64)
 
 
 def _apply(q, k, v, u, key_padding_mask, query_padding_mask, column, dropout_p, seed, keep_mask):
     masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
     dropout_p = float(dropout_p)
-    if dropout_p > 0.0 and keep_mask is None and seed is None:
-        seed = dropout.draw_seed()
     keep_mask = None if keep_mask is None or dropout_p == 0.0 else keep_mask.contiguous()
     # HNAS returns its DNAS branch's output too (od) when a backward may follow; without one
     # (no_grad, or no input needing a gradient) it mixes the weights before a single P V product,
-    # a quarter less forward work. (Inside forward, ctx.needs_input_grad ignores no_grad.)
+    # a quarter less forward work.
     save_branch = u is not None and torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, u))
-    return _FusedAttention.apply(q, k, v, u, *masks, column, dropout_p, int(seed or 0), keep_mask,
-                                 save_branch)
+    # u per (batch, head), contiguous (the kernel indexes it by b * H + h); autograd takes du back
+    # through the expand to u's own shape
+    u_bh = None if u is None else u.to(q.dtype).expand(*q.shape[:2], 1, 1).reshape(
+        q.shape[:2]).contiguous()
+    return _forward(q, k, v, u_bh, *masks, keep_mask, seed_tensor(dropout_p, seed, keep_mask),
+                    column, save_branch, dropout_p)[0]
 
 
 def query_normalized_attend(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.attention.kernels import dropout, fused
+from attnlab.attention.kernels import fused
 
 SIGMOID, SINK, SOFTPICK = 0, 1, 2
 
@@ -41,38 +41,74 @@ def valid_keys(key_padding_mask: Tensor | None, causal: bool, s_q: int, s_k: int
     return counts[:, last][:, None, :, None]
 
 
-class _Rowwise(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, beta, key_padding_mask, query_padding_mask, kind, causal, eps,
-                dropout_p, seed, keep_mask):
-        out, r, c, idx = torch.ops.attnlab.rowwise_forward(
-            q, k, v, kind, None if beta is None else beta.detach(), key_padding_mask,
-            query_padding_mask, causal, eps, dropout_p, seed, keep_mask)
-        ctx.save_for_backward(q, k, v, out, r, c, idx, beta, key_padding_mask, query_padding_mask,
-                              keep_mask)
-        ctx.options = (kind, causal, eps, dropout_p, seed)
-        return out
+# The row-wise C++ kernel as `torch.library.custom_op`s (fake implementations, the forward's
+# autograd formula), as fused.py's: torch.compile keeps one graph through them.
+@torch.library.custom_op("attnlab::fused_rowwise_forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, key_padding_mask: Tensor | None,
+             query_padding_mask: Tensor | None, keep_mask: Tensor | None, seed: Tensor | None,
+             kind: int, causal: bool, eps: float, dropout_p: float
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(out, r, c, idx): the output, the row log-normalizers, softpick's shifts and argmaxes."""
+    return torch.ops.attnlab.rowwise_forward(
+        q, k, v, kind, beta, key_padding_mask, query_padding_mask, causal, eps, dropout_p,
+        0 if seed is None else int(seed), keep_mask)
 
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, r, c, idx, beta, key_padding_mask, query_padding_mask, keep_mask = (
-            ctx.saved_tensors)
-        kind, causal, eps, dropout_p, seed = ctx.options
-        grad = grad.to(q.dtype)
-        dq, dk, dv, dbeta = torch.ops.attnlab.rowwise_backward(
-            grad, q, k, v, out, r, kind, None if beta is None else beta.detach(), key_padding_mask,
-            query_padding_mask, causal, dropout_p, seed, keep_mask)
-        if kind == SOFTPICK:
-            # the gradient through the shift c_i = max_j s_ij (when > 0), which the weights keep
-            # through eps / L_i: d/dc_i = -eps D_i / L_i, to the score at the row's argmax
-            L = torch.exp(r - c)  # r = c + log L
-            D = (grad * out).sum(-1)
-            coef = torch.where((c > 0) & torch.isfinite(r), -eps * D / L, torch.zeros_like(D))
-            coef = coef * q.shape[-1] ** -0.5  # d s / d q = scale k
-            at = idx[..., None].expand(-1, -1, -1, q.shape[-1])
-            dq = dq + coef[..., None] * k.gather(2, at)
-            dk = dk.scatter_add(2, at, coef[..., None] * q)
-        return dq, dk, dv, (dbeta if ctx.needs_input_grad[3] else None), *[None] * 8
+
+@_forward.register_fake
+def _(q, k, v, beta, key_padding_mask, query_padding_mask, keep_mask, seed, kind, causal, eps,
+      dropout_p):
+    B, H, M, _ = q.shape
+    pick = kind == SOFTPICK
+    out = q.new_empty(B, M, H, v.shape[-1]).transpose(1, 2)  # (B, S_q, H, d_v) memory, as C++'s
+    c = q.new_empty(B, H, M) if pick else q.new_empty(0)
+    idx = q.new_empty((B, H, M) if pick else (0, 0, 0), dtype=torch.int64)
+    return out, q.new_empty(B, H, M), c, idx
+
+
+@torch.library.custom_op("attnlab::fused_rowwise_backward", mutates_args=())
+def _backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, r: Tensor,
+                 beta: Tensor | None, key_padding_mask: Tensor | None,
+                 query_padding_mask: Tensor | None, keep_mask: Tensor | None,
+                 seed: Tensor | None, kind: int, causal: bool, dropout_p: float
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbeta)."""
+    return torch.ops.attnlab.rowwise_backward(
+        grad, q, k, v, out, r, kind, beta, key_padding_mask, query_padding_mask, causal,
+        dropout_p, 0 if seed is None else int(seed), keep_mask)
+
+
+@_backward_op.register_fake
+def _(grad, q, k, v, *rest):
+    return fused._like(q), fused._like(k), fused._like(v), q.new_empty(q.shape[:3])
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, beta, kpm, qpm, keep_mask, seed, kind, causal, eps, dropout_p = inputs
+    out, r, c, idx = output
+    ctx.save_for_backward(q, k, v, out, r, c, idx, beta, kpm, qpm, keep_mask, seed)
+    ctx.options = (kind, causal, eps, dropout_p)
+
+
+def _backward(ctx, grad, *unused):
+    q, k, v, out, r, c, idx, beta, kpm, qpm, keep_mask, seed = ctx.saved_tensors
+    kind, causal, eps, dropout_p = ctx.options
+    grad = grad.to(q.dtype)
+    dq, dk, dv, dbeta = _backward_op(grad, q, k, v, out, r, beta, kpm, qpm, keep_mask,
+                                     seed, kind, causal, dropout_p)
+    if kind == SOFTPICK:
+        # the gradient through the shift c_i = max_j s_ij (when > 0), which the weights keep
+        # through eps / L_i: d/dc_i = -eps D_i / L_i, to the score at the row's argmax
+        L = torch.exp(r - c)  # r = c + log L
+        D = (grad * out).sum(-1)
+        coef = torch.where((c > 0) & torch.isfinite(r), -eps * D / L, torch.zeros_like(D))
+        coef = coef * q.shape[-1] ** -0.5  # d s / d q = scale k
+        at = idx[..., None].expand(-1, -1, -1, q.shape[-1])
+        dq = dq + coef[..., None] * k.gather(2, at)
+        dk = dk.scatter_add(2, at, coef[..., None] * q)
+    return dq, dk, dv, (dbeta if beta is not None else None), *[None] * 8
+
+
+_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, kind: int, beta: Tensor | None = None,
@@ -87,11 +123,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kind: int, beta: Tensor | None = Non
         beta = beta.to(q.dtype).expand(B, H, M).contiguous()
     masks = [None if m is None else m.contiguous() for m in (key_padding_mask, query_padding_mask)]
     dropout_p = float(dropout_p)
-    if dropout_p > 0.0 and keep_mask is None and seed is None:
-        seed = dropout.draw_seed()
     keep_mask = None if keep_mask is None or dropout_p == 0.0 else keep_mask.contiguous()
-    return _Rowwise.apply(q, k, v, beta, *masks, kind, bool(causal), float(eps), dropout_p,
-                          int(seed or 0), keep_mask)
+    return _forward(q, k, v, beta, *masks, keep_mask, fused.seed_tensor(dropout_p, seed, keep_mask),
+                    kind, bool(causal), float(eps), dropout_p)[0]
 
 
 def sigmoid_attend(q, k, v, bias: str = "log_n", b: Tensor | None = None, key_padding_mask=None,

@@ -127,7 +127,7 @@ def _padded_flash(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | No
         bias = torch.zeros(key_padding_mask.shape, dtype=q.dtype)
         bias.masked_fill_(key_padding_mask & ~empty[:, None], float("-inf"))
         bias = bias[:, None, None, :]  # contiguous: the kernel broadcasts it over queries
-        if bool(empty.any()):
+        if torch.compiler.is_compiling() or bool(empty.any()):  # compiled: no data-dependent branch
             empty = empty[:, None].expand(-1, q.shape[-2])
             zero_rows = empty if zero_rows is None else zero_rows | empty
     return _PaddedFlash.apply(q, k, v, bias, zero_rows, scale)
@@ -140,7 +140,10 @@ def unas_sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None =
     on_cpu = q.device.type == "cpu"
     if backends is None:
         backends = (CPU_FLASH if dropout_p == 0.0 else CPU_MATH) if on_cpu else CUDA_BACKENDS
-    if on_cpu and SDPBackend.FLASH_ATTENTION in backends and scores_may_overflow(q, k):
+    # (not under torch.compile: a check of the values would break the graph at every call, and
+    # the bound is orders of magnitude above a real model's scores)
+    if (on_cpu and SDPBackend.FLASH_ATTENTION in backends and not torch.compiler.is_compiling()
+            and scores_may_overflow(q, k)):
         return None
     d, d_v = q.shape[-1], v.shape[-1]
     if on_cpu and d != d_v:  # the CPU flash kernel wants one head size: zero columns change nothing

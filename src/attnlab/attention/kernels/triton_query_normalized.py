@@ -24,8 +24,9 @@ installed) still import attnlab; `available()` says whether this path can run.
   `torch.randint`, no `.item()` in the traced code). Double backward raises one clear error.
 
 Inputs may be bf16, fp16 or fp32 (dot products accumulate in fp32); the output has the input
-dtype. Memory beyond the inputs and outputs is O(S) per head: c, dc, the row LSEs and row sums,
-and for HNAS the two branch outputs.
+dtype. Memory beyond the inputs and outputs is O(S) per head: c, dc, the row LSEs and row sums
+(the LSEs and c in log2 units: the kernels exponentiate with exp2), and for HNAS the two branch
+outputs and the head's fold reference (`fold_reference`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import math
 
 import torch
 from torch import Tensor
@@ -44,6 +46,9 @@ from attnlab.attention.kernels import dropout
 log = logging.getLogger(__name__)
 
 MAX_HEAD_DIM = 256
+# HNAS derives the UNAS weights from the DNAS exponentials (csrc/fold.h) in heads whose column
+# LSEs c_j (valid keys) span at most this many nats, as the CPU kernel does
+FOLD_RANGE = 60.0
 # Tile size under the interpreter, where each tile operation costs ~1 ms of Python whatever its
 # size: few, large tiles are fast (tests lower it to cover the loops over several blocks).
 INTERPRET_BLOCK = 64
@@ -167,7 +172,8 @@ def _dropout_args(dropout_p, seed, keep_mask, dummy):
 
 
 def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -> Tensor:
-    """c (B, H, S_k) float32: logsumexp over valid queries of the scores (0 without any)."""
+    """c (B, H, S_k) float32 in log2 units: log2 sum_i 2^(s_ij log2 e) over valid queries, i.e.
+    the logsumexp of the scores times log2(e) (0 without any valid query)."""
     B, H, M, D = q.shape
     N = k.shape[2]
     c = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
@@ -177,6 +183,21 @@ def column_lse(q: Tensor, k: Tensor, query_padding_mask: Tensor | None = None) -
     _launch("column_lse", q.device, N, B * H, q, k, qpm, c, *_strides(q, k), H, M, N, D,
             D**-0.5, HAS_QPM=flags["HAS_QPM"], **meta)
     return c
+
+
+def fold_reference(c: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """(B*H,) float32: per head, the largest c_j (log2) over valid keys where the c_j of valid
+    keys span at most FOLD_RANGE nats (the kernels then take Pu = Pd a_i b_j, one exponential),
+    else +inf (Pu gets its own exponential); +inf too for heads without a valid key. Small
+    torch ops on (B, H, S_k), the same in the forward and the backward."""
+    if key_padding_mask is None:
+        hi, lo = c.amax(-1), c.amin(-1)
+    else:
+        pad = key_padding_mask[:, None, :]
+        hi = c.masked_fill(pad, -math.inf).amax(-1)
+        lo = c.masked_fill(pad, math.inf).amin(-1)
+    fold = (hi >= lo) & ((hi - lo) * math.log(2.0) <= FOLD_RANGE)
+    return torch.where(fold, hi, math.inf).reshape(-1).contiguous()
 
 
 def new_output(q: Tensor, d_v: int) -> Tensor:
@@ -199,8 +220,9 @@ def forward(q, k, v, u_bh, key_padding_mask, query_padding_mask, dropout_p, seed
                        else tuple(torch.empty(0, **f32) for _ in range(3)))
     kpm, qpm, mask_flags = _masks(key_padding_mask, query_padding_mask, c)
     keep, drop_args, drop_flags = _dropout_args(dropout_p, seed, keep_mask, c)
+    cref = fold_reference(c, key_padding_mask) if hybrid else c
     _launch("forward", q.device, M, B * H,
-            q, k, v, c, u_bh if hybrid else c, kpm, qpm, keep, out,
+            q, k, v, c, u_bh if hybrid else c, cref, kpm, qpm, keep, out,
             o_d if hybrid else c, o_u if hybrid else c, lse_d, lse_u if hybrid else lse_d,
             *_strides(q, k, v, out), H, M, N, D, DV, D**-0.5, **drop_args, HYBRID=hybrid,
             **mask_flags, **drop_flags, **_meta(q, D, DV, M, N))
@@ -224,13 +246,14 @@ def backward(grad, q, k, v, u_bh, c, lse_d, delta_d, lse_u, delta_u, key_padding
     common = dict(H=H, M=M, N=N, D=D, DV=DV, scale=D**-0.5, **drop_args, HYBRID=hybrid,
                   **mask_flags, **drop_flags, **_meta(q, D, DV, M, N))
     u = u_bh if hybrid else c
+    cref = fold_reference(c, key_padding_mask) if hybrid else c
     # keys: dK, dV and dc, each program owning its keys (no atomics)
     _launch("backward_kv", q.device, N, B * H,
-            q, k, v, grad, c, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv, dc,
-            *_strides(q, k, v, grad), **common)
-    # queries: dQ, which needs every dc_j
+            q, k, v, grad, c, u, cref, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv,
+            dc, *_strides(q, k, v, grad), **common)
+    # queries: dQ, which needs every dc_j (a second pass: _triton_kernels.py says why)
     _launch("backward_q", q.device, M, B * H,
-            q, k, v, grad, c, dc, u, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
+            q, k, v, grad, c, dc, u, cref, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
             *_strides(q, k, v, grad), **common)
     return dq, dk, dv
 
@@ -246,8 +269,11 @@ def declines(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     if max(d, d_v) > MAX_HEAD_DIM:
         return (f"head dims d={d}, d_v={d_v} exceed the Triton DNAS/HNAS kernels' limit of "
                 f"{MAX_HEAD_DIM}")
-    if B * H * max(M, N, 1) >= 2**31:  # 1-D grids and int32 row offsets
-        return f"B*H*S = {B * H * max(M, N)} exceeds the Triton kernels' 2**31 rows"
+    # Pointer offsets are int64 (any B*H*S*d); program ids and the dropout counter
+    # (row = (b*H + h)*S_q + i, dropout.py) are 32-bit
+    if B * H * max(M, N, 1) >= 2**31:
+        return (f"B*H*S = {B * H * max(M, N)} rows exceed the Triton kernels' 2**31 (32-bit "
+                f"program ids and dropout counter)")
     return None
 
 

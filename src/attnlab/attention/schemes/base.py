@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention import notices, paths
 from attnlab.attention.kernels import dropout
 from attnlab.attention.paths import AttentionCall, PathFunction
 from attnlab.attention.reference import compute_dtype, masked_logits, output_dtype
@@ -172,6 +173,10 @@ class Normalizer(nn.Module):
             out = path(self, call)
             if out is not None:
                 return out
+        if call.dropout_p:  # dropout alone may have kept every fast path from it
+            device = paths.device_type(call.q)
+            notices.dropout_keeps_fast_paths_off(self, device, paths.working_dtype(call.q, device),
+                                                 call.dropout_p, call.causal)
         return self.reference(call)
 
     forward = attend

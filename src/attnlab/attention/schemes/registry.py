@@ -81,13 +81,25 @@ def known_keys() -> set[str]:
     return keys
 
 
+# the attributes through which wrappers (FSDP units, activation checkpointing) hold a module
+WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def module_name(name: str) -> str:
+    """A submodule's name as the unwrapped model has it (`net.layers.0.self_attn` under FSDP
+    too), so that what a run reports is keyed alike on every strategy."""
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
+
+
 def named_scheme_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """(name, module) of every normalizer, transform, head scheme and output gate inside `model`."""
     from attnlab.attention.gate import OutputGate
 
     for name, module in model.named_modules():
         if isinstance(module, (Normalizer, LogitTransform, HeadScheme, OutputGate)):
-            yield name, module
+            yield module_name(name), module
 
 
 def scheme_parameters(model: nn.Module, kind: type | None = Normalizer) -> list[tuple[str, nn.Parameter]]:

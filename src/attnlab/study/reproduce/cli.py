@@ -56,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --claims {args.claims}: unknown {unknown}; choose from {', '.join(known)}",
               file=sys.stderr)
         return 2
-    tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else None
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks is not None else None
     plan = Plan(args.mode, root, args.wandb, tasks, tuple(args.override))
+    unknown = [t for t in tasks or () if t not in plan.cards]
+    if unknown or tasks == ():  # else every run is skipped "not selected" and the command does nothing
+        print(f"error: --tasks {args.tasks}: unknown {unknown}; choose from {', '.join(plan.cards)}",
+              file=sys.stderr)
+        return 2
     given = sys.argv[1:] if argv is None else argv
     session = Session.begin("python -m attnlab.reproduce " + " ".join(given), args.mode, root,
                             args.jobs)
