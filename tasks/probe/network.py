@@ -74,10 +74,23 @@ class ProbeEncoder(nn.Module):
             x = self.embed(inputs) + self.position[: inputs.shape[1]]
             if self.shift is not None:
                 x = x.masked_fill(padding_mask[..., None], 0.0)
-                x = x + self.shift(x.transpose(1, 2)).transpose(1, 2)
+                x = x + self._token_shift(x)
         if key_only is None and query_only is None:
-            mask = padding_mask if bool(padding_mask.any()) else None  # unmasked: the fused kernels
+            # unmasked: the fused kernels; compiled, always masked (no data-dependent branch)
+            unpadded = not torch.compiler.is_compiling() and not bool(padding_mask.any())
+            mask = None if unpadded else padding_mask
             return self.head(self.norm(run_stack(self.layers, x, mask)))
         keys = padding_mask if query_only is None else padding_mask | query_only
         queries = padding_mask if key_only is None else padding_mask | key_only
         return self.head(self.norm(run_stack(self.layers, x, keys, query_padding_mask=queries)))
+
+    def _token_shift(self, x: Tensor) -> Tensor:
+        """`self.shift` (a width-3 Conv1d, padding 1) on x (B, L, d). Compiled, the same sum as a
+        linear map of each token's window of three: inductor's convolution backward fixes its
+        strides to ints, which turned L into a constant of the training graph (every new length
+        compiled it again, torch 2.13); eager, the convolution (the same weights either way)."""
+        if not torch.compiler.is_compiling():
+            return self.shift(x.transpose(1, 2)).transpose(1, 2)
+        padded = nn.functional.pad(x, (0, 0, 1, 1))  # (B, L + 2, d): the conv's zero padding
+        windows = padded.unfold(1, 3, 1)  # (B, L, d, 3): [x[t-1], x[t], x[t+1]] per channel
+        return nn.functional.linear(windows.flatten(2), self.shift.weight.flatten(1), self.shift.bias)

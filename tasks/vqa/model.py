@@ -95,7 +95,9 @@ class MultiViewFusion(nn.Module):
                 primary,
                 secondary,
                 secondary,
-                key_padding_mask=box_mask[:, view],
+                # a copy at offset 0: compiled, a view's storage offset (view * N) is a size
+                # too, and duck sizing tied it to N (equal at view 1), a guard the next view failed
+                key_padding_mask=box_mask[:, view].contiguous(),
                 query_padding_mask=primary_mask,
             )
         return self.norm(fused), primary_mask

@@ -143,6 +143,36 @@ def test_sdpa_masking_matches_reference(causal, backends):
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("d, d_v", [(52, 52), (52, 20), (64, 13)])
+def test_cuda_backends_get_head_dims_padded_to_a_multiple_of_8(monkeypatch, d, d_v):
+    """CUDA's backend list (flash, memory-efficient) with a mask: only the memory-efficient
+    kernel serves, and it refuses head dims that are not multiples of 8 (VQA's d = 52 crashed on
+    an H200). The same decision runs here with the math backend added, so that the CPU has a
+    kernel: SDPA sees widths padded to multiples of 8, the scale stays d's, the output and the
+    gradients are the reference's."""
+    q, k, v, _, kpm, qpm = padded_problem(9, 9, d, d_v=d_v, seed=5)
+    widths = []
+    sdpa_call = sdpa.F.scaled_dot_product_attention
+
+    def spy(q_, k_, v_, **kw):
+        widths.append((q_.shape[-1], v_.shape[-1], kw["scale"]))
+        return sdpa_call(q_, k_, v_, **kw)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    inputs = leaf(q, k, v)
+    g_out = torch.randn(4, 1, 9, d_v)
+    got = out_and_grads(lambda: sdpa.unas_sdpa(*inputs, kpm, qpm, backends=sdpa.CUDA_BACKENDS
+                                               + sdpa.CPU_MATH), inputs, g_out)
+    [(width, width_v, scale)] = widths  # (the CPU also gives q and v one width: its flash's rule)
+    assert width % 8 == 0 and width_v % 8 == 0 and d <= width < d + 8 and scale == d**-0.5
+    assert d_v <= width_v < max(d, d_v) + 8
+    assert got[0].shape[-1] == d_v and [t.shape for t in got[1:]] == [q.shape, k.shape, v.shape]
+    ref_in = leaf(q, k, v, dtype=F64)
+    ref = out_and_grads(lambda: reference_out_causal(*ref_in, kpm, qpm, False), ref_in, g_out)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("layout", ["by_query", "by_head"])
 def test_padded_flash_zeroes_query_rows_in_either_layout(layout):
     """The CPU flash output is (B, S_q, H, d) memory (zeroed by row index); any other layout
@@ -303,4 +333,26 @@ def test_the_fused_cpu_kernels_compile_without_graph_breaks(kernel):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "unas", "sigmoid"])
+def test_attend_through_the_dispatch_compiles_in_one_graph(scheme):
+    """`attend` picks its CPU path per call (`paths`), asking whether the fused kernel is built:
+    compiled with dynamic shapes and padding, that question is a constant (no graph break at the
+    build code, as when `fused.load` was a functools.cache that torch.compile traced through)."""
+    from torch._dynamo.utils import counters
+
+    from attnlab.attention.functional import normalizer
+
+    assert fused.load()
+    norm, _ = normalizer(scheme)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(norm.attend, backend="aot_eager", dynamic=True)
+    for S in (6, 11):
+        q, k, v, _, kpm, qpm = padded_problem(S, S, 8, H=2, seed=S)
+        torch.testing.assert_close(compiled(q, k, v, kpm, qpm), norm.attend(q, k, v, kpm, qpm),
+                                   atol=1e-6, rtol=1e-5)
+    assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()

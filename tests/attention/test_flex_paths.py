@@ -442,3 +442,43 @@ def test_the_cuda_bench_goes_on_past_a_failing_method(bench, monkeypatch, tmp_pa
         assert "ms (1.00x)" in rows[S, "HNAS FlexAttention"]  # timed after the failure
     assert "illegal memory access" in rows["4096", "HNAS Triton"]
     assert "ms (1.00x)" in rows["1024", "HNAS Triton"]
+
+
+# ----------------------------------------------------------------------------- one build per forward
+@pytest.mark.parametrize(("spec", "causal"), [({"scheme": "sinkhorn", "n_iter": 2}, False),
+                                              ({"scheme": "sigmoid"}, True)], ids=["sinkhorn", "sigmoid"])
+def test_a_stack_builds_its_block_masks_once_per_forward(spec, causal, as_cuda, monkeypatch):
+    """Issue 35, finding 4: run_stack hands its layers one MaskCache per forward, so a 3-layer
+    stack on the flex paths (Sinkhorn: both orientations; causal sigmoid: rows and a mask_mod)
+    builds its block masks once, with the output of a build per layer (each layer called by
+    itself) and of the CPU paths; the next forward, with another padding mask of the same
+    shape, builds anew."""
+    from attnlab.attention import TransformerEncoderLayer, run_stack
+
+    torch.manual_seed(0)
+    layers = [TransformerEncoderLayer(32, 2, 64, 0.0, spec=spec, causal=causal, layer_index=i).eval()
+              for i in range(3)]
+    built = []
+    real = flex.block_masks
+    monkeypatch.setattr(flex, "block_masks", lambda *a, **kw: built.append(a[:3]) or real(*a, **kw))
+
+    def per_layer(x, mask):  # every attention call builds its own masks
+        for layer in layers:
+            x = layer(x, mask)
+        return x
+
+    x = torch.randn(3, 20, 32)
+    lengths = [(20, 13, 7), (5, 20, 16)]  # the same (B, S) shape, other padding
+    for n, mask in enumerate(torch.arange(20) >= torch.tensor(lens)[:, None] for lens in lengths):
+        with torch.no_grad():
+            before = len(built)
+            out = run_stack(layers, x, mask)
+            assert len(built) - before == 1, f"forward {n}: {len(built) - before} builds"
+            torch.testing.assert_close(out, per_layer(x, mask), atol=0, rtol=0)
+            assert len(built) - before == 4  # (the per-layer run: 3 more)
+            with monkeypatch.context() as cpu:
+                cpu.setattr(paths, "device_type", lambda t: t.device.type)
+                torch.testing.assert_close(out, run_stack(layers, x, mask), atol=2e-5, rtol=0)
+    assert built == [(3, 20, 20)] * 8
+    if spec["scheme"] == "sinkhorn":
+        assert as_cuda == ["flex"] * 12  # every attention on the flex path

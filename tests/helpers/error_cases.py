@@ -80,6 +80,7 @@ CASES: list[Case] = [
     Case("a beam of 0 (headline, mt)", ("task=headline", "task.module.beam_size=0"), "task.module.beam_size=0"),
     Case("an unknown monitor mode", ("task.monitor_mode=maximum",), "task.monitor_mode=maximum"),
     Case("a word for the seed", ("seed=abc",), "seed=abc"),
+    Case("an unknown compile setting", ("compile=banana",), "compile=banana"),
     Case("an unknown data source (raised inside instantiation)", ("task.source=bogus",), "task.source"),
     Case("a generator option out of range (raised inside instantiation)",
          ("task.synthetic.annotator_noise=2",), "task.synthetic"),

@@ -10,7 +10,9 @@ submodules named so that BERT weights map by name:
 Cascade schemes (CODA, RealFormer) pass logits from layer to layer of a stack, explicitly: build
 layer i of a stack with `layer_index=i` and run the stack with `attnlab.attention.run_stack`
 (or call `layer(x, ..., prev_logits=p, return_logits=True)` yourself: it returns the new x and
-the logits, a dict keyed by attention attribute, to hand to the next layer).
+the logits, a dict keyed by attention attribute, to hand to the next layer). `run_stack` also
+hands every layer of one forward the same `mask_cache` (kernels/flex.py: `MaskCache`), so that
+the FlexAttention paths build their block masks once per forward, not once per layer.
 
 Each layer also has its one-step form, `step(x, cache, index, ...)`: the newest position only,
 with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache), for incremental
@@ -25,6 +27,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
+from attnlab.attention.kernels.flex import MaskCache
 from attnlab.attention.kv_cache import DecoderCache, KVCache, cacheable
 from attnlab.attention.mha import MultiHeadAttention
 from attnlab.attention.schemes import TRANSFORMS
@@ -129,7 +132,7 @@ class TransformerEncoderLayer(nn.Module):
 
     def forward(self, x: Tensor | StackCarry, key_padding_mask: Tensor | None = None,
                 prev_logits: Logits = None, return_logits: bool = False,
-                query_padding_mask: Tensor | None = None):
+                query_padding_mask: Tensor | None = None, mask_cache: MaskCache | None = None):
         """`key_padding_mask` (B, S), True = padding: no query reads it, and it asks nothing
         (it stays out of DNAS column sums). `query_padding_mask` (B, S), given, replaces the
         second half: True = a position that asks nothing (its attention output is 0), False = a
@@ -141,7 +144,8 @@ class TransformerEncoderLayer(nn.Module):
         queries = key_padding_mask if query_padding_mask is None else query_padding_mask
         x, logits = self._blocks(x, lambda h: self.self_attn(
             h, key_padding_mask=key_padding_mask, query_padding_mask=queries,
-            causal=self.causal, prev_logits=_pick(prev_logits, "self_attn"), return_logits=True))
+            causal=self.causal, prev_logits=_pick(prev_logits, "self_attn"), return_logits=True,
+            mask_cache=mask_cache))
         return (x, logits) if return_logits else x
 
     def step(self, x: Tensor, cache: KVCache, index: int, prev_logits: Logits = None,
@@ -222,15 +226,18 @@ class TransformerDecoderLayer(nn.Module):
         memory_key_padding_mask: Tensor | None = None,
         prev_logits: Logits = None,
         return_logits: bool = False,
+        mask_cache: MaskCache | None = None,
     ):
         x, logits = self._blocks(
             x,
             lambda h: self.self_attn(h, key_padding_mask=tgt_key_padding_mask,
                                      query_padding_mask=tgt_key_padding_mask, causal=True,
-                                     prev_logits=_pick(prev_logits, "self_attn"), return_logits=True),
+                                     prev_logits=_pick(prev_logits, "self_attn"), return_logits=True,
+                                     mask_cache=mask_cache),
             lambda h: self.cross_attn(h, memory, key_padding_mask=memory_key_padding_mask,
                                       query_padding_mask=tgt_key_padding_mask,
-                                      prev_logits=_pick(prev_logits, "cross_attn"), return_logits=True),
+                                      prev_logits=_pick(prev_logits, "cross_attn"), return_logits=True,
+                                      mask_cache=mask_cache),
         )
         return (x, logits) if return_logits else x
 

@@ -16,6 +16,7 @@ from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
 if TYPE_CHECKING:
+    from attnlab.attention.kernels.flex import MaskCache
     from attnlab.attention.kv_cache import KeyValues
 
 # parameter names of checkpoints written before the schemes owned their parameters
@@ -123,9 +124,11 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         prev_logits: Tensor | None = None,
         return_logits: bool = False,
+        mask_cache: MaskCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Output (B, S_q, out_dim); with return_logits, also the logits this module passes on to
-        the next layer of its cascade stack (None unless its scheme cascades)."""
+        the next layer of its cascade stack (None unless its scheme cascades). `mask_cache`: the
+        FlexAttention block masks of this forward of the stack (`run_stack` passes one)."""
         if key is None:  # self-attention
             key = query
             value = query if value is None else value
@@ -138,7 +141,7 @@ class MultiHeadAttention(nn.Module):
             )
         keys, values = self.keys_values(key, value)
         out, logits = self.attend_to(query, keys, values, key_padding_mask, query_padding_mask, causal,
-                                     prev_logits)
+                                     prev_logits, mask_cache)
         return (out, logits) if return_logits else out
 
     def keys_values(self, key: Tensor, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -157,12 +160,13 @@ class MultiHeadAttention(nn.Module):
         query_padding_mask: Tensor | None = None,
         causal: bool = False,
         prev_logits: Tensor | None = None,
+        mask_cache: MaskCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """query (B, S_q, E) attending to projected keys/values (`keys_values`): the output
         (B, S_q, out_dim) and the logits passed on in a cascade (or None)."""
         q = self._split(self.q_proj(query))
         out, logits = self.attend_heads(q, keys, values, key_padding_mask, query_padding_mask, causal,
-                                        prev_logits, query=query)
+                                        prev_logits, query=query, mask_cache=mask_cache)
         if self.gate is not None:
             out = self.gate(query, out, query_padding_mask)
         out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
@@ -202,6 +206,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         prev_logits: Tensor | None = None,
         query: Tensor | None = None,
+        mask_cache: MaskCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
         and the logits passed on in a cascade (or None).
@@ -222,7 +227,8 @@ class MultiHeadAttention(nn.Module):
             if prev_logits is not None:
                 raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
                                   f"given the logits of a previous layer")
-            out = self.normalizer(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p)
+            out = self.normalizer(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p,
+                                  mask_cache)
         else:
             out, weights, logits = self._cascade(q, k, v, key_padding_mask, query_padding_mask,
                                                  causal, prev_logits, dropout_p)

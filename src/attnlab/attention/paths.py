@@ -79,6 +79,8 @@ class AttentionCall:
     causal: bool = False
     dropout_p: float = 0.0
     inputs: dict[str, Tensor] = field(default_factory=dict)  # scheme inputs, e.g. HNAS's u
+    # the FlexAttention block masks of this forward of a stack (run_stack), shared by its layers
+    mask_cache: flex.MaskCache | None = None
 
     @property
     def device_type(self) -> str:
@@ -192,8 +194,11 @@ def _run_flex(normalizer, call: AttentionCall) -> Tensor | None:
         flex.log_decline_once(reason)
         return None
     n_iter = getattr(normalizer.options, "n_iter", 1)  # Sinkhorn's rounds; DNAS / HNAS: 1
+    cache = call.mask_cache  # None outside run_stack: the kernel builds the masks of this call
+    masks = None if cache is None else cache.get(call.q.shape[0], call.q.shape[-2], call.k.shape[-2],
+                                                 call.q.device, *_masks(call))
     return flex.query_normalized_attend_flex(call.q, call.k, call.v, call.inputs.get("u"),
-                                             *_masks(call), n_iter=n_iter)
+                                             *_masks(call), n_iter=n_iter, masks=masks)
 
 
 QUERY_NORMALIZED_TRITON = FastPath("triton", _triton_supports, _run_triton)
@@ -306,21 +311,22 @@ def _sigmoid_flex(normalizer, call: AttentionCall) -> Tensor:
     from attnlab.attention.kernels import flex_rowwise
 
     return flex_rowwise.sigmoid_attend_flex(call.q, call.k, call.v, normalizer.options.bias,
-                                            call.inputs.get("b"), *_masks(call), call.causal)
+                                            call.inputs.get("b"), *_masks(call), call.causal,
+                                            call.mask_cache)
 
 
 def _sink_flex(normalizer, call: AttentionCall) -> Tensor:
     from attnlab.attention.kernels import flex_rowwise
 
     return flex_rowwise.sink_attend_flex(call.q, call.k, call.v, call.inputs["b"], *_masks(call),
-                                         call.causal)
+                                         call.causal, call.mask_cache)
 
 
 def _ssmax_flex(normalizer, call: AttentionCall) -> Tensor:
     from attnlab.attention.kernels import flex_rowwise
 
     return flex_rowwise.ssmax_attend_flex(call.q, call.k, call.v, call.inputs["c"], *_masks(call),
-                                          call.causal)
+                                          call.causal, call.mask_cache)
 
 
 SIGMOID_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_sigmoid_flex))

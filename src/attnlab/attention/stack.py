@@ -11,6 +11,10 @@ next layer takes them as `prev_logits`. Nothing is stored on the modules, so any
 `torch.utils.checkpoint` sees exactly the same inputs (its RNG state is restored, so CODA's
 noise is redrawn identically).
 
+The FlexAttention block masks (CUDA) travel the same way: `run_stack` makes one `MaskCache` per
+forward and hands it to every layer, so that they are built at the first layer and reused by the
+others; the next forward (a new padding mask) gets a new cache, so none is ever stale.
+
 `step_stack` is the incremental form: the newest position (B, 1, D) through each layer's `step`
 with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache); the newest
 position's row of cascade logits goes from layer to layer the same way.
@@ -25,19 +29,23 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from attnlab.attention.kernels.flex import MaskCache
+
 if TYPE_CHECKING:
     from attnlab.attention.kv_cache import KVCache
 
 
 def run_stack(layers: Iterable[nn.Module], x: Tensor, *args, checkpoint: bool = False, **kwargs) -> Tensor:
     """Apply `layers` in order to x (extra arguments go to every layer); returns the output."""
-    logits = None
+    logits, masks = None, MaskCache()
     for layer in layers:
         if checkpoint and torch.is_grad_enabled():
             x, logits = torch.utils.checkpoint.checkpoint(
-                layer, x, *args, prev_logits=logits, return_logits=True, use_reentrant=False, **kwargs)
+                layer, x, *args, prev_logits=logits, return_logits=True, mask_cache=masks,
+                use_reentrant=False, **kwargs)
         else:
-            x, logits = layer(x, *args, prev_logits=logits, return_logits=True, **kwargs)
+            x, logits = layer(x, *args, prev_logits=logits, return_logits=True, mask_cache=masks,
+                              **kwargs)
     return x
 
 

@@ -17,7 +17,8 @@ Masks are `BlockMask`s: key and query padding (built block by block from the (B,
 as a (B, S_q, S_k) tensor), optionally and-ed with a user `mask_mod` (sliding window, documents:
 `sliding_window`, `document`). A (query, key) pair is kept iff neither is padding and the
 mask_mod keeps it; the column passes use the transposed mask. As in reference.py, a row or column
-without any kept pair is normalized against 0: its output row is 0, never NaN.
+without any kept pair is normalized against 0: its output row is 0, never NaN. A stack builds them
+once per forward (`MaskCache`, made by run_stack and passed down with each call).
 
 On CUDA the calls go through `torch.compile(flex_attention)` (fused Triton kernels, forward and
 backward). Elsewhere they run eagerly (PyTorch's unfused implementation: forward only, no
@@ -159,10 +160,11 @@ def document(doc_ids: Tensor) -> MaskMod:
 @dataclass(frozen=True)
 class Masks:
     """The block masks of one call: `rows` (S_q x S_k, query i attends key j) for the row and
-    output passes, `cols` (S_k x S_q, the transpose) for the column passes."""
+    output passes, `cols` (S_k x S_q, the transpose) for the column passes (None when not built:
+    the row-wise schemes have none)."""
 
     rows: object
-    cols: object
+    cols: object | None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -209,14 +211,43 @@ def _padding_mask(row_pad: Tensor | None, col_pad: Tensor | None, batch: int, n_
 
 
 def block_masks(batch: int, s_q: int, s_k: int, device, key_padding_mask: Tensor | None = None,
-                query_padding_mask: Tensor | None = None, mask_mod: MaskMod | None = None) -> Masks:
+                query_padding_mask: Tensor | None = None, mask_mod: MaskMod | None = None,
+                transposed: bool = True) -> Masks:
     """Both orientations of the mask (padding bool (B, S), True = padding; mask_mod (b, h,
-    q_idx, kv_idx) -> bool, True = keep, the same for every head)."""
+    q_idx, kv_idx) -> bool, True = keep, the same for every head); transposed=False: `rows` only."""
     swapped = None if mask_mod is None else (lambda b, h, j, i: mask_mod(b, h, i, j))
     return Masks(
         _padding_mask(query_padding_mask, key_padding_mask, batch, s_q, s_k, device, mask_mod),
-        _padding_mask(key_padding_mask, query_padding_mask, batch, s_k, s_q, device, swapped),
+        _padding_mask(key_padding_mask, query_padding_mask, batch, s_k, s_q, device, swapped)
+        if transposed else None,
     )
+
+
+class MaskCache:
+    """The block masks of one forward of a stack, built on first use and reused by its layers.
+
+    `run_stack` makes one per forward and hands it down with each call (`AttentionCall.mask_cache`),
+    as it hands down the cascade logits: nothing is kept on a module or between forwards, so a
+    new padding mask always gets new block masks. Every layer of a stack passes the same mask
+    tensors, so an entry is found by their identity (`is`, also under torch.compile), with the
+    shapes and the mask_mod, never by their values (comparing them would cost a sync)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[tuple, tuple, Masks]] = []  # (objects, sizes, masks)
+
+    def get(self, batch: int, s_q: int, s_k: int, device, key_padding_mask: Tensor | None = None,
+            query_padding_mask: Tensor | None = None, mask_mod: MaskMod | None = None,
+            transposed: bool = True) -> Masks:
+        """`block_masks(...)` of these arguments, built at the first call of this forward."""
+        objects = (key_padding_mask, query_padding_mask, mask_mod)
+        sizes = (batch, s_q, s_k, torch.device(device), transposed)
+        for known, known_sizes, masks in self._entries:
+            if known_sizes == sizes and all(a is b for a, b in zip(known, objects)):
+                return masks
+        masks = block_masks(batch, s_q, s_k, device, key_padding_mask, query_padding_mask,
+                            mask_mod, transposed)
+        self._entries.append((objects, sizes, masks))
+        return masks
 
 
 # ----------------------------------------------------------------------------- the schemes

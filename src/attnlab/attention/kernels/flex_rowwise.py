@@ -17,9 +17,10 @@ Gradients reach the per-head parameters through the score_mod's captured tensors
 sigmoid's b) or the LSE product (the sink's b).
 
 Masks: key and query padding as in kernels/flex.py (block by block), causal (top-left aligned,
-as reference.valid_mask) as a mask_mod. A row without any kept pair gives 0, never NaN. On CUDA
-the calls are compiled (flex._flex); elsewhere eager (PyTorch's own check refuses a backward on
-the CPU). No attention dropout (it drops normalized weights, which no score_mod can).
+as reference.valid_mask) as a mask_mod, once per forward of a stack (`cache`: flex.MaskCache). A
+row without any kept pair gives 0, never NaN. On CUDA the calls are compiled (flex._flex);
+elsewhere eager (PyTorch's own check refuses a backward on the CPU). No attention dropout (it
+drops normalized weights, which no score_mod can).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def _causal(b, h, q_idx, kv_idx):
 
 
 def _row_mask(batch: int, s_q: int, s_k: int, device, key_padding_mask: Tensor | None,
-              query_padding_mask: Tensor | None, causal: bool):
-    """The BlockMask keeping (i, j) iff neither is padding (and j <= i when causal)."""
-    return flex._padding_mask(query_padding_mask, key_padding_mask, batch, s_q, s_k, device,
-                              _causal if causal else None)
+              query_padding_mask: Tensor | None, causal: bool, cache: flex.MaskCache | None):
+    """The BlockMask keeping (i, j) iff neither is padding (and j <= i when causal); from
+    `cache` (a stack's, one per forward) when given, built there on first use."""
+    build = flex.block_masks if cache is None else cache.get
+    return build(batch, s_q, s_k, device, key_padding_mask, query_padding_mask,
+                 _causal if causal else None, transposed=False).rows
 
 
 def valid_keys(batch: int, s_q: int, s_k: int, device, key_padding_mask: Tensor | None = None,
@@ -81,7 +84,8 @@ def _run(q: Tensor, k: Tensor, v: Tensor, score_mod, block_mask) -> tuple[Tensor
 
 def ssmax_attend_flex(q: Tensor, k: Tensor, v: Tensor, c: Tensor | float,
                       key_padding_mask: Tensor | None = None,
-                      query_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+                      query_padding_mask: Tensor | None = None, causal: bool = False,
+                      cache: flex.MaskCache | None = None) -> Tensor:
     """SSMax: softmax_j(s_ij * c_h * log n_i) V; c broadcastable to (B, H, 1, 1); out in q's dtype."""
     B, H, s_q, _ = q.shape
     log_n = _per_row(torch.log(valid_keys(B, s_q, k.shape[2], q.device, key_padding_mask,
@@ -91,17 +95,20 @@ def ssmax_attend_flex(q: Tensor, k: Tensor, v: Tensor, c: Tensor | float,
     def score_mod(score, b, h, q_idx, kv_idx):
         return score * (scale[b, h] * log_n[b, q_idx])
 
-    mask = _row_mask(B, s_q, k.shape[2], q.device, key_padding_mask, query_padding_mask, causal)
+    mask = _row_mask(B, s_q, k.shape[2], q.device, key_padding_mask, query_padding_mask, causal,
+                     cache)
     return _run(q, k, v, score_mod, mask)[0]
 
 
 def sink_attend_flex(q: Tensor, k: Tensor, v: Tensor, b: Tensor | float,
                      key_padding_mask: Tensor | None = None,
-                     query_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+                     query_padding_mask: Tensor | None = None, causal: bool = False,
+                     cache: flex.MaskCache | None = None) -> Tensor:
     """Sink: softmax(s) V * sigmoid(LSE - b_h); b broadcastable to (B, H, 1, 1)."""
     B, H, s_q, _ = q.shape
     sink = _per_head(b, B, H, q.device)
-    mask = _row_mask(B, s_q, k.shape[2], q.device, key_padding_mask, query_padding_mask, causal)
+    mask = _row_mask(B, s_q, k.shape[2], q.device, key_padding_mask, query_padding_mask, causal,
+                     cache)
     out, lse = _run(q, k, v, None, mask)
     kept = torch.sigmoid(lse - sink[..., None])  # the mass the keys keep: 1 - the sink's
     return (out.float() * kept[..., None]).to(q.dtype)
@@ -114,9 +121,10 @@ def _log_sigmoid(x: Tensor) -> Tensor:
 
 def sigmoid_attend_flex(q: Tensor, k: Tensor, v: Tensor, bias: str = "log_n",
                         b: Tensor | float | None = None, key_padding_mask: Tensor | None = None,
-                        query_padding_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+                        query_padding_mask: Tensor | None = None, causal: bool = False,
+                        cache: flex.MaskCache | None = None) -> Tensor:
     """Sigmoid: sum_j sigmoid(s_ij + b) v_j, with bias "log_n" (b = -log n_i), "learned" (b, one
-    per head, broadcastable to (B, H, 1, 1)) or "zero"."""
+    per head, broadcastable to (B, H, 1, 1)) or "zero". (Each: `cache`, a stack's MaskCache.)"""
     B, H, s_q, _ = q.shape
     s_k = k.shape[2]
     if bias == "log_n":
@@ -130,7 +138,7 @@ def sigmoid_attend_flex(q: Tensor, k: Tensor, v: Tensor, bias: str = "log_n",
     def score_mod(score, b_, h, q_idx, kv_idx):
         return _log_sigmoid(score + head_bias[b_, h] + row_bias[b_, q_idx])
 
-    mask = _row_mask(B, s_q, s_k, q.device, key_padding_mask, query_padding_mask, causal)
+    mask = _row_mask(B, s_q, s_k, q.device, key_padding_mask, query_padding_mask, causal, cache)
     out, lse = _run(q, k, v, score_mod, mask)
     return (out.float() * torch.exp(lse)[..., None]).to(q.dtype)
 

@@ -19,7 +19,6 @@ the composed flash-kernel path in `composed.py`, which is exact too but slower.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import sys
@@ -68,9 +67,23 @@ def build_dir() -> Path:
     return Path(root) / tag
 
 
-@functools.cache
+_loaded: bool | None = None  # load()'s answer, once known
+
+
 def load() -> bool:
-    """Build (once per machine) and load the kernel; False, with one warning, if that fails."""
+    """Build (once per machine) and load the kernel; False, with one warning, if that fails.
+
+    The answer is kept in a module global, not a `functools.cache`: torch.compile ignores the
+    cache and would trace the build (its `os.environ` write breaks the graph at every attention
+    call that asks), where a known global is a constant to it. `compiling.compile_net` asks once,
+    eagerly, before compiling a CPU run."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _build()
+    return _loaded
+
+
+def _build() -> bool:
     if os.environ.get("ATTNLAB_FUSED_KERNEL", "1") == "0":
         return False
     try:

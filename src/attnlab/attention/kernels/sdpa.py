@@ -149,12 +149,12 @@ def unas_sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None =
     if on_cpu and d != d_v:  # the CPU flash kernel wants one head size: zero columns change nothing
         width = max(d, d_v)
         q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
-    if not on_cpu and (d % 8 or d_v % 8):
+    if SDPBackend.EFFICIENT_ATTENTION in backends and (d % 8 or d_v % 8):
         # CUDA: with a mask only the memory-efficient kernel serves, and it wants head sizes that
         # are multiples of 8 ("No available kernel" otherwise, seen on an H200 with d = 52);
-        # zero columns change neither the scores (the scale is d's) nor the kept output columns
-        q, k = (F.pad(x, (0, -d % 8)) for x in (q, k))
-        v = F.pad(v, (0, -d_v % 8))
+        # zero columns change neither the scores (the scale is d's) nor the kept output columns.
+        # Decided by the backends, not the device, so the CPU tests run it (backends= given)
+        q, k, v = (F.pad(x, (0, -x.shape[-1] % 8)) for x in (q, k, v))
     padded = key_padding_mask is not None or query_padding_mask is not None
     if on_cpu and backends == CPU_FLASH and padded and not causal:
         return _padded_flash(q, k, v, key_padding_mask, query_padding_mask, d**-0.5)[..., :d_v]

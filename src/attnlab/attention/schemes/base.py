@@ -149,8 +149,9 @@ class Normalizer(nn.Module):
 
     # -- the computation
     def call(self, q, k, v, key_padding_mask=None, query_padding_mask=None, causal=False,
-             dropout_p=0.0, **inputs) -> AttentionCall:
-        """Validated inputs (one clear error per kind of bad input), the module's state filled in."""
+             dropout_p=0.0, mask_cache=None, **inputs) -> AttentionCall:
+        """Validated inputs (one clear error per kind of bad input), the module's state filled in;
+        `mask_cache`: the block masks of a stack's forward (run_stack), for the FlexAttention paths."""
         inputs = {**self.state_inputs(), **inputs}
         check_inputs(q, k, v, key_padding_mask, query_padding_mask)
         missing = [n for n in self.input_names if inputs.get(n) is None]
@@ -163,12 +164,13 @@ class Normalizer(nn.Module):
             raise ConfigError(causal_only_error(self.name))
         inputs = {n: _as_tensor(t, q) for n, t in inputs.items() if n in self.input_names}
         return AttentionCall(q, k, v, key_padding_mask, query_padding_mask, bool(causal),
-                             float(dropout_p), inputs)
+                             float(dropout_p), inputs, mask_cache)
 
     def attend(self, q, k, v, key_padding_mask=None, query_padding_mask=None, causal=False,
-               dropout_p=0.0, **inputs) -> Tensor:
+               dropout_p=0.0, mask_cache=None, **inputs) -> Tensor:
         """Output (B, H, S_q, d_v): the first fast path that serves the inputs, else the reference."""
-        call = self.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p, **inputs)
+        call = self.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p,
+                         mask_cache, **inputs)
         for path in self.fast_paths:
             out = path(self, call)
             if out is not None:
