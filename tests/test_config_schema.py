@@ -3,31 +3,18 @@ task's own options are checked by the ranges its classes declare (`option_rules`
 they give are cases of tests/e2e/test_cli_errors.py (VQA's max_boxes and glimpses, MLM's
 mask_rate, the seq2seq beam_size)."""
 
-import inspect
 import re
 
 import pytest
 from helpers.cards import CARDS
 from helpers.paths import CONF, ROOT
+from helpers.signatures import constructor_arguments
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab import config_schema
 from attnlab.errors import ConfigError
-
-
-def arguments(target) -> set[str]:
-    """The constructor's arguments, and its bases' where it passes **kwargs on."""
-    names: set[str] = set()
-    for owner in target.__mro__ if isinstance(target, type) else (target,):
-        if isinstance(target, type) and "__init__" not in vars(owner):
-            continue
-        params = inspect.signature(owner.__init__ if isinstance(target, type) else owner).parameters
-        names |= set(params) - {"self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            break
-    return names
 
 
 def targets(node) -> list:
@@ -50,7 +37,7 @@ def task_classes() -> dict[str, list]:
 
 
 def test_the_shared_table_holds_only_names_several_tasks_take(task_classes):
-    users = {task: set().union(*(arguments(c) for c in classes)) for task, classes in task_classes.items()}
+    users = {task: set().union(*(constructor_arguments(c) for c in classes)) for task, classes in task_classes.items()}
     for patterns, _ in config_schema.TASK_RULES:
         for name in (p for p in patterns if not any(c in p for c in "*?[")):
             takers = sorted(t for t, names in users.items() if name in names)
@@ -63,7 +50,7 @@ def test_every_option_rule_names_an_argument_of_its_class(task_classes):
     with_rules = [c for c in classes if getattr(c, "option_rules", None)]
     assert len(with_rules) >= 3  # VQA's datamodule and network, MLM's datamodule, the seq2seq module
     for cls in with_rules:
-        assert set(cls.option_rules) <= arguments(cls), cls
+        assert set(cls.option_rules) <= constructor_arguments(cls), cls
 
 
 def test_config_schema_names_no_task_nor_a_tasks_own_option(task_classes):

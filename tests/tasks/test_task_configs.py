@@ -9,6 +9,7 @@ import hydra
 import pytest
 from helpers.cards import CARDS, TINY
 from helpers.paths import CONF
+from helpers.signatures import constructor_arguments
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
@@ -22,19 +23,6 @@ def nodes(node, key="task"):
         for name in node:
             if not OmegaConf.is_interpolation(node, name):
                 yield from nodes(node.get(name), f"{key}.{name}")
-
-
-def own_arguments(target) -> set[str]:
-    """The constructor's arguments, and its bases' where it passes **kwargs on."""
-    names: set[str] = set()
-    for owner in target.__mro__ if isinstance(target, type) else (target,):
-        if isinstance(target, type) and "__init__" not in vars(owner):
-            continue
-        params = inspect.signature(owner.__init__ if isinstance(target, type) else owner).parameters
-        names |= {n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            break
-    return names
 
 
 def data_given(kwargs: dict) -> set[str]:
@@ -59,5 +47,5 @@ def test_every_argument_of_a_tasks_classes_is_in_its_config(task, data_dir, one_
         # its optimizer and total_steps
         at_call = {n for n, p in inspect.signature(target).parameters.items()
                    if p.default is p.empty} if node.get("_partial_") else set()
-        missing = own_arguments(target) - set(node) - given - at_call
+        missing = constructor_arguments(target) - set(node) - given - at_call
         assert not missing, f"{key} ({node._target_}): {sorted(missing)} in no config; add them to conf/task/{task}.yaml"

@@ -58,6 +58,7 @@ from attnlab.attention.kernels._triton_tiles import (
     _head,
     _keep,
     _lse2,
+    _online,
     _program,
     _rows,
     _store_tile,
@@ -96,9 +97,8 @@ def _column_lse(Q, K, QPM, C, sqb, sqh, sqm, skb, skh, skn, H, M, N, D, scale, T
         q = _tile(Q, q_head, offs_m, offs_d, sqm, M, D, CAST)
         s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (keys, queries)
         s = tl.where(_valid(QPM, b, offs_m, M, HAS_QPM)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        lsum = lsum * tl.exp2(m - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
+        m_new, alpha, p = _online(s, m)
+        lsum = lsum * alpha + tl.sum(p, 1)
         m = m_new
     c = tl.where(lsum > 0, m + tl.log2(tl.where(lsum > 0, lsum, 1.0)), 0.0)
     tl.store(_rows(C, bh, offs_n, N), c, mask=offs_n < N)
@@ -145,10 +145,7 @@ def _forward(Q, K, V, C, U, CREF, KPM, QPM, KEEP, O, OD, OU, LSE_D, LSE_U,
         # DNAS: online softmax of t = s - c (the sums count every key; dropout after them)
         # s - c <= 0 exactly; clamped because _column_lse rounds s in another tile order
         t = tl.where(valid, tl.minimum(s - c[None, :], 0.0), float("-inf"))
-        m_new = tl.maximum(m_d, tl.max(t, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_d - m_safe)
-        p = tl.exp2(t - m_safe[:, None])
+        m_new, alpha, p = _online(t, m_d)
         l_d = l_d * alpha + tl.sum(p, 1)
         m_d = m_new
         if HYBRID:  # UNAS in the same sweep over QK^T
@@ -158,10 +155,7 @@ def _forward(Q, K, V, C, U, CREF, KPM, QPM, KEEP, O, OD, OU, LSE_D, LSE_U,
                 m_u_new = m_u  # m_u is m_d + cref, set after the loop
             else:  # a wide c range: the online softmax of s, with its own exponentials
                 su = tl.where(valid, s, float("-inf"))
-                m_u_new = tl.maximum(m_u, tl.max(su, 1))
-                m_u_safe = tl.where(m_u_new == float("-inf"), 0.0, m_u_new)
-                alpha_u = tl.exp2(m_u - m_u_safe)
-                pu = tl.exp2(su - m_u_safe[:, None])
+                m_u_new, alpha_u, pu = _online(su, m_u)
             l_u = l_u * alpha_u + tl.sum(pu, 1)
             m_u = m_u_new
             if DROPOUT:

@@ -85,3 +85,13 @@ def _program(L, BLOCK: tl.constexpr):
 def _lse2(m, l):
     """log2 sum of 2^x from an online (max m, sum l of 2^(x - m)); +inf where l = 0 (empty)."""
     return tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("inf"))
+
+
+@triton.jit
+def _online(x, m):
+    """One step of an online softmax over the rows of x (log2 units), from the running maximum
+    m: the new maximum, the factor rescaling what was summed under m, and 2^(x - new max). Rows
+    with no entry yet keep the maximum -inf and get factors 2^-inf = 0, never NaN."""
+    m_new = tl.maximum(m, tl.max(x, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, tl.exp2(m - m_safe), tl.exp2(x - m_safe[:, None])
