@@ -20,8 +20,10 @@ compile then), --repeats synchronized runs, median. TFLOP/s counts the FLOPs of 
 attention as flash-attention's benchmarks do, the same count for every method: forward
 4 B H S^2 d (QK^T and PV, 2 FLOPs per multiply-add), backward 2.5x the forward (5 matmuls), so
 forward + backward 14 B H S^2 d. A DNAS/HNAS row's TFLOP/s is thus *effective* (UNAS's work per
-second): the Triton kernels do 11 (DNAS) / 12 (HNAS) matmuls per score to flash's 7, so 1.57x /
-1.71x flash's time is their floor (docs/gpu.md, "Work per score", counts the exponentials too).
+second): the Triton kernels do 9 (DNAS) / 11 (HNAS) matmuls per score to flash's 7, so 1.29x /
+1.57x flash's time is their floor, and 11 / 12 in deterministic mode (the `_det` rows, whose
+backward has no atomics), 1.57x / 1.71x (docs/gpu.md, "Work per score", counts the exponentials
+too).
 Peak memory = torch.cuda.max_memory_allocated() during forward + backward,
 inputs and gradients included (they alone are 8 B H S d bytes in bf16 at d_v = d).
 
@@ -52,6 +54,9 @@ METHODS = {
     "dnas_flex": "DNAS FlexAttention",
     "hnas_triton": "HNAS Triton",
     "hnas_flex": "HNAS FlexAttention",
+    # torch's deterministic mode: the Triton backward without atomics (docs/gpu.md)
+    "dnas_triton_det": "DNAS Triton, deterministic",
+    "hnas_triton_det": "HNAS Triton, deterministic",
 }
 TOLERANCE = 16  # x SDPA's own error against float64 (see the module docstring)
 NO_CUDA = ("bench/attention.py --device cuda needs a CUDA device; torch {} sees none here "
@@ -80,7 +85,7 @@ def _method(name: str, dtype: torch.dtype):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
         return sdpa
-    scheme, kernel = name.split("_")
+    scheme, kernel = name.split("_")[:2]
     path = {"triton": paths.QUERY_NORMALIZED_TRITON, "flex": paths.QUERY_NORMALIZED_FLEX}[kernel]
 
     norm, _ = normalizer(scheme)  # built once, as a module holds it
@@ -119,6 +124,7 @@ def check(method: str, dtype: torch.dtype, S: int, d: int, yardstick: float) -> 
 
     scheme = "unas" if method == "sdpa_flash" else method.split("_")[0]
     inputs = _inputs(2, 4, S, d, dtype, seed=1)
+    _set_determinism(method)
     n_wrt = 4 if scheme == "hnas" else 3  # du only where there is a u
     g_out = torch.randn_like(inputs[0], dtype=torch.float64)
 
@@ -148,8 +154,15 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def _set_determinism(method: str) -> None:
+    """The `_det` methods' backward runs in torch's deterministic mode (no atomics), the others
+    in the default one: set before each method's check and timing."""
+    torch.use_deterministic_algorithms(method.endswith("_det"))
+
+
 def measure(method: str, S: int, dtype: torch.dtype, args) -> dict:
     fn = _method(method, dtype)
+    _set_determinism(method)
     q, k, v, u = _inputs(args.batch, args.heads, S, args.head_dim, dtype)
     grad = torch.ones_like(q)
 

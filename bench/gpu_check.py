@@ -57,7 +57,8 @@ TESTS = [
      None, 25, 600),
 ]
 DEFAULT_DESELECT = "not fp16 and not fp32"  # the test ids name their dtype
-BENCH = (["--dtypes", "bf16", "--seq", "1024", "4096", "--repeats", "3"], 55)
+BENCH = (["--dtypes", "bf16", "--seq", "1024", "4096", "--repeats", "3", "--methods", "sdpa_flash",
+          "dnas_triton", "dnas_flex", "hnas_triton", "hnas_flex"], 55)  # --full: the _det rows too
 BENCH_FULL = ([], 1800)  # the bench's defaults: bf16 + fp32, S = 1k ... 16k, 5 repeats
 # the training matrix: its time shared evenly by the tasks it runs
 TRAIN = (["trainer.max_steps=5", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"],

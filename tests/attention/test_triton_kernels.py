@@ -39,12 +39,22 @@ CASES = [
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (4e-3, 3e-2)}  # (out, grads) absolute
 
 
+@pytest.fixture(params=["deterministic", "atomic_dq"])
+def backward(request):
+    """Each gradient test runs both backwards: the two-pass one that torch's deterministic mode
+    selects, and the one summing dQ by atomics (the default, as for flash attention)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param == "deterministic")
+    yield request.param
+    torch.use_deterministic_algorithms(before)
+
+
 def triton_attend(q, k, v, u, kpm, qpm, **kw):
     return triton_ops.query_normalized_attend_triton(q, k, v, u, kpm, qpm, **kw)
 
 
 @pytest.mark.parametrize(("S_q", "S_k", "d", "u_value", "dtype"), CASES)
-def test_forward_c_and_gradients_match_reference(S_q, S_k, d, u_value, dtype):
+def test_forward_c_and_gradients_match_reference(S_q, S_k, d, u_value, dtype, backward):
     q, k, v, u, kpm, qpm = padded_problem(S_q, S_k, d, seed=S_q + 3 * S_k + d)
     u = None if u_value is None else torch.full_like(u, u_value)
     scheme = "dnas" if u is None else "hnas"
@@ -70,7 +80,7 @@ def test_forward_c_and_gradients_match_reference(S_q, S_k, d, u_value, dtype):
     torch.testing.assert_close(c[:3].double() * math.log(2), c_ref[:3], atol=out_tol, rtol=0)
 
 
-def test_several_blocks_with_dropout_match_reference(monkeypatch):
+def test_several_blocks_with_dropout_match_reference(monkeypatch, backward):
     """Tiles of 16 rows: the online softmax and both backward sweeps loop over several blocks."""
     monkeypatch.setattr(tq, "INTERPRET_BLOCK", 16)
     q, k, v, u, kpm, qpm = padded_problem(40, 35, 8, B=1, H=2, seed=1)
@@ -87,7 +97,8 @@ def test_several_blocks_with_dropout_match_reference(monkeypatch):
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_folded_and_wide_heads_with_seed_dropout_and_d_v_match_reference(monkeypatch, scheme):
+def test_folded_and_wide_heads_with_seed_dropout_and_d_v_match_reference(monkeypatch, scheme,
+                                                                         backward):
     """Every output of the backward (dq, dk, dv, du) against the float64 reference over several
     blocks, d != d_v, dropout by seed, padding (rows and columns with nothing valid), and two
     heads: one whose column LSEs span a few nats (HNAS: Pu = Pd a_i b_j, one exponential) and
@@ -115,7 +126,7 @@ def test_folded_and_wide_heads_with_seed_dropout_and_d_v_match_reference(monkeyp
         torch.testing.assert_close(a.double(), b, atol=2e-4, rtol=1e-4, msg=name)
 
 
-def test_offsets_past_2_31_elements_are_computed_in_int64():
+def test_offsets_past_2_31_elements_are_computed_in_int64(backward):
     """Heads 2**30 elements apart, so head 2 starts 2**31 elements into its tensor, where int32
     offset arithmetic (h * stride_h, or row * stride_row) wraps to -2**31. q, k and v are views
     of one fp16 buffer of 2**32 elements (8 GiB of address space; only the pages written are
@@ -157,7 +168,7 @@ def test_declines_only_what_32_bit_program_ids_cannot_number():
     assert reason is not None and "2**31" in reason and "rows" in reason
 
 
-def test_gradients_agree_with_float64_finite_differences():
+def test_gradients_agree_with_float64_finite_differences(backward):
     """Each input's gradient along a random direction vs central differences of the float64
     reference (gradcheck-style; the kernels normalize in float32, hence the tolerance)."""
     q, k, v, u, kpm, qpm = padded_problem(9, 7, 8, B=2, H=2, seed=4)
@@ -180,7 +191,7 @@ def test_gradients_agree_with_float64_finite_differences():
 
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
-def test_dropout_with_explicit_mask_matches_reference(scheme):
+def test_dropout_with_explicit_mask_matches_reference(scheme, backward):
     q, k, v, u, kpm, qpm = padded_problem(17, 13, 8, B=3, seed=5)
     keep = torch.rand(3, 1, 17, 13, generator=torch.Generator().manual_seed(6)) > 0.3
     inputs = leaf(q, k, v) + (leaf(u) if scheme == "hnas" else [])
@@ -195,7 +206,7 @@ def test_dropout_with_explicit_mask_matches_reference(scheme):
         torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=0)
 
 
-def test_counter_dropout_is_the_documented_mask_in_forward_and_backward():
+def test_counter_dropout_is_the_documented_mask_in_forward_and_backward(backward):
     """The seed's mask is kernels/dropout.py's, and the backward regenerates the same one."""
     q, k, v, u, kpm, qpm = padded_problem(17, 19, 8, B=2, H=2, seed=7)
     inputs = leaf(q, k, v, u)
@@ -208,6 +219,29 @@ def test_counter_dropout_is_the_documented_mask_in_forward_and_backward():
                                                   keep_mask=keep), inputs, g_out)
     for a, b in zip(by_seed, by_mask):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("deterministic", "kernels"), [
+    (True, ["column_lse", "forward", "backward_kv", "backward_q"]),
+    (False, ["column_lse", "forward", "backward_dv_dc", "backward_dk_dq"]),
+])
+def test_the_backward_follows_torchs_determinism_setting(monkeypatch, deterministic, kernels):
+    """torch.use_deterministic_algorithms (Lightning's trainer.deterministic) keeps dQ free of
+    float atomics; otherwise the 2-products-shorter backward with atomic dQ runs."""
+    launched = []
+    launch = tq._launch
+    monkeypatch.setattr(tq, "_launch", lambda name, *a, **kw: (launched.append(name),
+                                                                 launch(name, *a, **kw)))
+    q, k, v, u, kpm, qpm = padded_problem(9, 7, 8, B=2, H=2, seed=8)
+    inputs = leaf(q, k, v, u)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        triton_attend(*inputs, kpm, qpm).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert launched == kernels
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in inputs)
 
 
 def test_counter_dropout_keep_rate_and_mean():
@@ -279,6 +313,7 @@ def test_head_dims_over_the_limit_decline_once_and_attend_falls_back(monkeypatch
     for tiles past the GPU's registers; attend then runs the reference."""
     d = tq.MAX_HEAD_DIM + 4
     q, k, v, u, kpm, qpm = padded_problem(3, 2, d, d_v=8, B=1, seed=10)
+    tq.log_decline.cache_clear()  # once per process: whatever ran before must not have used it
     with caplog.at_level(logging.WARNING, logger=tq.__name__):
         assert triton_attend(q, k, v, u, kpm, qpm) is None
         assert triton_attend(q, k, v, None, kpm, qpm) is None

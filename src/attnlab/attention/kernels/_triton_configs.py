@@ -38,13 +38,20 @@ _SHAPES = {
     "backward_kv": [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1),
                     (32, 32, 8, 1)],
     "backward_q": [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1)],
+    # the backward with atomic dQ (_triton_atomic_dq.py): the key-side shapes
+    "backward_dv_dc": [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1),
+                       (32, 32, 8, 1)],
+    "backward_dk_dq": [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1),
+                       (32, 32, 8, 1)],
 }
 # (32, 32, 8, 1): at d = 256, where every other tile here of HNAS forward and of backward_kv
 # spills, it spills on neither H100 nor A100 (8 warps: half the registers per thread of 4)
-_OWNS_KEYS = {"column", "backward_kv"}
+_OWNS_KEYS = {"column", "backward_kv", "backward_dv_dc", "backward_dk_dq"}
+# kernels that add into an output with atomics (the autotuner zeroes it before each config)
+_ATOMIC = {"backward_dk_dq"}
 # owned rows x head dim above which a config's float32 accumulators spill (128 x 128 forward)
 _MAX_TILE = {"column": 128 * 256, "forward": 128 * 128, "backward_kv": 64 * 128,
-             "backward_q": 64 * 128}
+             "backward_q": 64 * 128, "backward_dv_dc": 128 * 128, "backward_dk_dq": 128 * 128}
 # Tiles that spill registers (or overflow shared memory: forward 64x64 at d = 256 on A100,
 # 168.5 KB) on H100 (90: sm_90a) or A100 (80: sm_80), found by compiling every config for both
 # on a CPU (`python -m attnlab.attention.kernels.triton_offline --every-config`, bf16, Triton
@@ -80,6 +87,27 @@ _SPILLS = {
     (80, "backward_kv", True, 256): [(32, 32, 4)],
     (80, "backward_q", True, 64): [(64, 64, 8)],
     (80, "backward_q", True, 128): [(128, 32, 8)],
+    # the backward with atomic dQ (its own (32, 32, 8) is clean everywhere at d = 256)
+    (80, "backward_dv_dc", False, 64): [(128, 32, 8)],
+    (80, "backward_dv_dc", False, 128): [(128, 32, 8)],
+    (90, "backward_dv_dc", False, 256): [(64, 64, 8), (64, 32, 4)],
+    (80, "backward_dv_dc", False, 256): [(64, 64, 8), (64, 32, 4)],
+    (80, "backward_dv_dc", True, 64): [(128, 32, 8), (64, 64, 8), (64, 32, 4)],
+    (90, "backward_dv_dc", True, 128): [(128, 32, 8), (64, 64, 8), (64, 32, 4)],
+    (80, "backward_dv_dc", True, 128): [(128, 32, 8), (64, 32, 4)],
+    (90, "backward_dv_dc", True, 256): [(64, 64, 8), (64, 32, 4), (32, 32, 4)],
+    (80, "backward_dv_dc", True, 256): [(64, 64, 8), (64, 32, 4), (32, 32, 4)],
+    (90, "backward_dk_dq", False, 64): [(128, 32, 8)],  # at d = 32, not 64
+    (80, "backward_dk_dq", False, 64): [(128, 32, 8), (64, 64, 8)],
+    (90, "backward_dk_dq", False, 128): [(64, 64, 8), (32, 32, 8)],
+    (80, "backward_dk_dq", False, 128): [(32, 32, 8)],
+    (90, "backward_dk_dq", False, 256): [(64, 64, 8), (64, 32, 4)],
+    (80, "backward_dk_dq", False, 256): [(64, 64, 8), (64, 32, 4)],
+    (90, "backward_dk_dq", True, 64): [(128, 32, 8), (64, 64, 8), (64, 32, 4)],
+    (80, "backward_dk_dq", True, 64): [(128, 32, 8), (64, 64, 8), (64, 32, 4), (32, 32, 8)],
+    (90, "backward_dk_dq", True, 128): [(64, 64, 8)],
+    (90, "backward_dk_dq", True, 256): [(64, 64, 8), (64, 32, 4), (32, 32, 4)],
+    (80, "backward_dk_dq", True, 256): [(64, 64, 8), (64, 32, 4)],
 }
 
 
@@ -139,4 +167,6 @@ def tuned(kernel: str, fn):
         return fn
     return triton.autotune(configs(kernel), key=["TUNE_M", "TUNE_N", "D", "DV"]
                            if kernel != "column" else ["TUNE_M", "TUNE_N", "D"],
-                           prune_configs_by={"early_config_prune": _prune(kernel)})(fn)
+                           prune_configs_by={"early_config_prune": _prune(kernel)},
+                           # each timed config adds into dQ: start every one from zeros
+                           reset_to_zero=["DQ"] if kernel in _ATOMIC else None)(fn)

@@ -14,16 +14,17 @@ block multiples and nothing S_q x S_k is ever stored:
   dP = dO V^T computed once for both branches. No atomics: each program owns its keys.
 - `_backward_q`: query blocks over key blocks: dQ = scale sum_j (dS_ij + dc_j xi_ij) k_j.
 
-Work per score (docs/gpu.md, "Work per score", counts every path): 11 matrix products for DNAS
-(column 1, forward 2, backward_kv 5, backward_q 3), 12 for HNAS (two value products in the
-forward), and 4 exponentials. The fused CPU kernel's backward does 5 products, not 8, because a
-thread holds the scores of a key block against every query (S_q x 256 floats), finishes the
-column sums dc_j, then forms ds = dS + dc xi once for both dK and dQ. A Triton program holds a
-block against a block: dc_j is complete only after its loop over every query, so dK takes the
-dc term by linearity (the 5th product, sum_i xi_ij q_i) and dQ, summed over keys, needs every
-dc_j before it starts: a second pass over the scores (3 products), since accumulating dQ across
-key-block programs would take float atomics (nondeterministic sums) and the dc term would still
-need dc first.
+The two backward kernels here are the deterministic backward (no atomics), which runs when
+torch's deterministic algorithms are on; by default `_triton_atomic_dq.py`'s runs (dQ summed by
+atomics, 2 products per score fewer). Work per score (docs/gpu.md, "Work per score", counts
+every path) with these: 11 matrix products for DNAS (column 1, forward 2, backward_kv 5,
+backward_q 3), 12 for HNAS (two value products in the forward), and 4 exponentials. The fused
+CPU kernel's backward does 5 products, not 8, because a thread holds the scores of a key block
+against every query (S_q x 256 floats), finishes the column sums dc_j, then forms ds = dS + dc xi
+once for both dK and dQ. A Triton program holds a block against a block: dc_j is complete only
+after its loop over every query, so dK takes the dc term by linearity (the 5th product, sum_i
+xi_ij q_i) and dQ, summed over keys, needs every dc_j before it starts: a second pass over the
+scores (3 products), whose sums run in a fixed order.
 
 One exponential per score in each pass, as on the CPU: exp2, with log2(e) folded into the scale,
 so that s, c and every row LSE here are in log2 units (LSE_D, LSE_U and C are stored so). The

@@ -51,7 +51,7 @@ from unittest import mock
 
 # arch -> (compute capability, shared memory a block may opt into, bytes)
 TARGETS = {"sm_90a": (90, 227 * 1024), "sm_80": (80, 163 * 1024)}
-KERNELS = ("column_lse", "forward", "backward_kv", "backward_q")
+KERNELS = ("column_lse", "forward", "backward_kv", "backward_q", "backward_dv_dc", "backward_dk_dq")
 DTYPES = ("bfloat16", "float16", "float32")
 # the shape whose integers the kernels are specialized on (see the docstring)
 SHAPE = {"B": 2, "H": 8, "S": 1024}
@@ -130,10 +130,16 @@ def launches(hybrid: bool, dtype: str, d: int, dv: int) -> dict[str, tuple[tuple
     v = torch.empty(B, H, S, dv, **meta)
     u = torch.empty(B * H, device="meta") if hybrid else None
     pad = torch.zeros(B, S, dtype=torch.bool, device="meta")
-    with mock.patch.object(tq, "_launch", record):
-        out, c, lse_d, lse_u, _, _ = tq.forward(q, k, v, u, pad, pad, 0.1, 1234, None)
-        tq.backward(torch.empty_like(out), q, k, v, u, c, lse_d, lse_d, lse_u, lse_u, pad, pad,
-                    0.1, 1234, None)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        with mock.patch.object(tq, "_launch", record):
+            out, c, lse_d, lse_u, _, _ = tq.forward(q, k, v, u, pad, pad, 0.1, 1234, None)
+            for deterministic in (True, False):  # both backwards (triton_query_normalized)
+                torch.use_deterministic_algorithms(deterministic)
+                tq.backward(torch.empty_like(out), q, k, v, u, c, lse_d, lse_d, lse_u, lse_u,
+                            pad, pad, 0.1, 1234, None)
+    finally:
+        torch.use_deterministic_algorithms(before)
     missing = set(KERNELS) - set(recorded)
     if missing:
         raise RuntimeError(f"the host launched no {sorted(missing)}: update KERNELS in "

@@ -37,6 +37,7 @@ import functools
 import importlib.util
 import logging
 import math
+import types
 
 import torch
 from torch import Tensor
@@ -52,6 +53,8 @@ FOLD_RANGE = 60.0
 # Tile size under the interpreter, where each tile operation costs ~1 ms of Python whatever its
 # size: few, large tiles are fast (tests lower it to cover the loops over several blocks).
 INTERPRET_BLOCK = 64
+# The kernels whose programs own key blocks (and loop over the queries)
+KEY_SIDE = ("column_lse", "backward_kv", "backward_dv_dc", "backward_dk_dq")
 # Launches per kind ("compiled", "interpreted"): the GPU tests check which kernels ran.
 LAUNCHES: collections.Counter = collections.Counter()
 
@@ -70,9 +73,14 @@ def available(device_type: str) -> bool:
 
 @functools.cache
 def _kernels():
-    from attnlab.attention.kernels import _triton_kernels
+    """The launchable kernels by name (and INTERPRETED), from both kernel files."""
+    from attnlab.attention.kernels import _triton_atomic_dq, _triton_kernels
 
-    return _triton_kernels
+    return types.SimpleNamespace(
+        INTERPRETED=_triton_kernels.INTERPRETED,
+        **{name: getattr(module, name) for module, names in [
+            (_triton_kernels, ("column_lse", "forward", "backward_kv", "backward_q")),
+            (_triton_atomic_dq, ("backward_dv_dc", "backward_dk_dq"))] for name in names})
 
 
 @functools.cache
@@ -123,7 +131,7 @@ def _bucket(n: int) -> int:
 def _launch(name: str, device: torch.device, owned_rows: int, heads: int, *args, **meta) -> None:
     """Launch kernel `name` over `heads` x blocks of `owned_rows` rows on a 1-D grid."""
     kernel, interpreted = _kernel(name, device.type == "cpu")
-    owned = "BLOCK_N" if name in ("column_lse", "backward_kv") else "BLOCK_M"
+    owned = "BLOCK_N" if name in KEY_SIDE else "BLOCK_M"
 
     def grid(config):
         return (heads * _cdiv(owned_rows, config[owned]),)
@@ -237,7 +245,6 @@ def backward(grad, q, k, v, u_bh, c, lse_d, delta_d, lse_u, delta_u, key_padding
     hybrid = u_bh is not None
     if not hybrid:
         lse_u, delta_u = lse_d, delta_d
-    dq = torch.empty(B, H, M, D, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, H, N, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, H, N, DV, device=q.device, dtype=v.dtype)
     dc = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
@@ -247,15 +254,26 @@ def backward(grad, q, k, v, u_bh, c, lse_d, delta_d, lse_u, delta_u, key_padding
                   **mask_flags, **drop_flags, **_meta(q, D, DV, M, N))
     u = u_bh if hybrid else c
     cref = fold_reference(c, key_padding_mask) if hybrid else c
-    # keys: dK, dV and dc, each program owning its keys (no atomics)
-    _launch("backward_kv", q.device, N, B * H,
-            q, k, v, grad, c, u, cref, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dk, dv,
-            dc, *_strides(q, k, v, grad), **common)
-    # queries: dQ, which needs every dc_j (a second pass: _triton_kernels.py says why)
-    _launch("backward_q", q.device, M, B * H,
-            q, k, v, grad, c, dc, u, cref, kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u, dq,
-            *_strides(q, k, v, grad), **common)
-    return dq, dk, dv
+    rows = (kpm, qpm, keep, lse_d, lse_u, delta_d, delta_u)
+    strides = _strides(q, k, v, grad)
+    if torch.are_deterministic_algorithms_enabled():
+        # keys: dK, dV and dc, each program owning its keys; then queries: dQ, which needs
+        # every dc_j (a second pass: _triton_kernels.py says why). No atomics: bitwise the same
+        # from run to run
+        dq = torch.empty(B, H, M, D, device=q.device, dtype=q.dtype)
+        _launch("backward_kv", q.device, N, B * H, q, k, v, grad, c, u, cref, *rows, dk, dv, dc,
+                *strides, **common)
+        _launch("backward_q", q.device, M, B * H, q, k, v, grad, c, dc, u, cref, *rows, dq,
+                *strides, **common)
+        return dq, dk, dv
+    # dV and dc first, then dK and dQ from the complete score gradient, dQ summed across key
+    # blocks by float atomics (_triton_atomic_dq.py): 2 products per score fewer
+    dq = torch.zeros(B, H, M, D, device=q.device, dtype=torch.float32)
+    _launch("backward_dv_dc", q.device, N, B * H, q, k, v, grad, c, u, cref, *rows, dv, dc,
+            *strides, **common)
+    _launch("backward_dk_dq", q.device, N, B * H, q, k, v, grad, c, dc, u, cref, *rows, dk, dq,
+            *strides, **common)
+    return dq.to(q.dtype), dk, dv
 
 
 def _last_contiguous(t: Tensor) -> Tensor:
