@@ -2,7 +2,8 @@
 
 `ConfigError` / `DataError` carry a message that names the problem *and* the fix. `train.py` and
 `eval.py` (through `attnlab.cli`) print such a message as one line and exit with code 2, with no
-traceback unless HYDRA_FULL_ERROR=1. `user_error_message` decides what counts as the user's
+traceback unless HYDRA_FULL_ERROR=1; a `python -m` command's `main` decorated with `command`
+prints them the same way. `user_error_message` decides what counts as the user's
 error: our own errors, Lightning's `MisconfigurationException`, Hydra's composition errors,
 OmegaConf errors about a key, and missing / wrong-kind files; anything else is a bug and keeps
 its traceback.
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 
@@ -40,14 +42,24 @@ def require_file(path, key: str, example: str = "") -> Path:
     return path
 
 
-def require_dir(path, key: str, example: str = "") -> Path:
-    """`path` must be an existing directory: one clear error for a missing path or a file."""
+def require_dir(path, key: str, example: str = "", missing_ok: bool = False) -> Path:
+    """`path` must be an existing directory: one clear error for a missing path or a file.
+
+    `missing_ok`: a folder the caller creates (a data dir to fetch into) may be missing, but be
+    neither a file nor under one, which would otherwise surface as a traceback from mkdir.
+    """
     path = Path(path)
     hint = f", e.g. {example}" if example else ""
     if path.is_file():
-        raise DataError(f"{key}={path} is a file, not a directory; give a directory{hint}")
-    if not path.is_dir():
+        new = " (or a new path: it is created)" if missing_ok else ""
+        raise DataError(f"{key}={path} is a file, not a directory; give a directory{new}{hint}")
+    if not path.is_dir() and not missing_ok:
         raise DataError(f"{key}={path} does not exist; give an existing directory{hint}")
+    if not path.exists():  # missing_ok: mkdir(parents=True) fails if what exists above is a file
+        above = next(parent for parent in path.absolute().parents if parent.exists())
+        if not above.is_dir():
+            raise DataError(f"{key}={path}: {above} is a file, not a directory; give a path under "
+                            f"a directory{hint}")
     return path
 
 
@@ -177,3 +189,20 @@ def full_error() -> bool:
 def report(message: str) -> None:
     """The one line a user error gets on stderr (the caller then exits with code 2)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def command(main: Callable[[Sequence[str] | None], int | None]) -> Callable[[Sequence[str] | None], int]:
+    """Decorates the `main(argv)` of a `python -m` command: a ConfigError / DataError ends as one
+    `error:` line and 2 returned (`sys.exit(main())` passes it to the shell; tests call main(argv)
+    in process); a body that returns nothing returns 0. Any other exception is a bug and keeps its
+    traceback; argparse's own errors already exit 2."""
+
+    @functools.wraps(main)
+    def run(argv: Sequence[str] | None = None) -> int:
+        try:
+            return main(argv) or 0
+        except ConfigError as exc:
+            report(_one_line(str(exc)))
+            return 2
+
+    return run

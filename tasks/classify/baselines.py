@@ -21,11 +21,14 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, command, require_dir
 from tasks.classify import corpus as corpus_lib
+from tasks.classify import readers
 from tasks.classify.corpus import Corpus
 
 EVAL_SPLITS = ("val", "test")
+# what --data-dir looks like per --source, for the errors' examples
+EXAMPLE_DIRS = {"debian": "data/debian_sections", "tsv": "data/yelp", "snli": "data/snli_1.0"}
 
 
 def scores(gold: Sequence[int], predicted: Sequence[int]) -> dict[str, float]:
@@ -94,23 +97,31 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tasks.classify.baselines",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--source", default="debian", choices=corpus_lib.SOURCES)
     parser.add_argument("--data-dir", default=None, help="default for debian: data/debian_sections")
     parser.add_argument("--min-examples", type=int, default=500, help="debian: smallest section kept")
     parser.add_argument("--fractions", type=float, nargs=3, default=corpus_lib.DEFAULT_FRACTIONS)
-    parser.add_argument("--header", default="auto", help="tsv: auto | true | false")
+    parser.add_argument("--header", default="auto", choices=readers.HEADER_CHOICES, help="tsv: is the first row a header")
     parser.add_argument("--C", type=float, nargs="+", default=[1.0, 10.0], help="values of C tried on val")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
-    data_dir = args.data_dir or ("data/debian_sections" if args.source == "debian" else None)
-    try:
-        corpus_lib.prepare(args.source, data_dir)
-        corpus = corpus_lib.load_corpus(args.source, data_dir, args.min_examples, args.fractions, args.header)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    data_dir = args.data_dir or (EXAMPLE_DIRS["debian"] if args.source == "debian" else None)
+    # checked here, so that the errors name --data-dir rather than the task's config key, and the
+    # --json folder before the minutes of fitting rather than after
+    example = f"--data-dir {EXAMPLE_DIRS[args.source]}"
+    if data_dir is None:
+        raise ConfigError(f"--source {args.source} needs --data-dir, the folder of its train, val and "
+                          f"test files, e.g. {example}")
+    require_dir(data_dir, "--data-dir", example, missing_ok=args.source == "debian")  # debian: fetched into it
+    if args.json and not args.json.parent.is_dir():
+        raise ConfigError(f"--json {args.json}: the folder {args.json.parent} does not exist; create it "
+                          f"or write elsewhere, e.g. --json baselines.json")
+    corpus_lib.prepare(args.source, data_dir)
+    corpus = corpus_lib.load_corpus(args.source, data_dir, args.min_examples, args.fractions, args.header)
     result = run(corpus, args.C)
     print(format_table(result))
     if args.json:

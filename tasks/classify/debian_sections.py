@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.errors import DataError
+from attnlab.errors import DataError, command, require_dir
 from tasks.common import debian
 
 EXAMPLES_FILE = "examples.jsonl"
@@ -200,16 +200,15 @@ def load_examples(data_dir: str | Path) -> list[dict]:
             raise DataError(f"{path} is not valid JSON lines; delete {path.parent} and prepare it again")
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tasks.classify.debian_sections",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data/debian_sections", help="where to fetch and write")
     parser.add_argument("--force", action="store_true", help="fetch and prepare again")
     args = parser.parse_args(argv)
-    try:
-        path = prepare(args.data_dir, force=args.force)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    require_dir(args.data_dir, "--data-dir", "--data-dir data/debian_sections", missing_ok=True)
+    path = prepare(args.data_dir, force=args.force)
     manifest = json.loads((Path(args.data_dir) / MANIFEST_FILE).read_text())
     print(f"[classify] {path}: {manifest['examples']} examples, {manifest['families']} families, "
           f"sections {manifest['examples_per_section']}")

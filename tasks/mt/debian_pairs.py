@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.errors import DataError
+from attnlab.errors import DataError, command, require_dir
 from attnlab.files import atomic_write_text
 from tasks.common import debian
 from tasks.common.files import sha256_of
@@ -222,16 +222,14 @@ def _write(pairs_dir: Path, splits: dict, counts: dict, settings: dict, sources:
     print(f"[mt] pairing counts: {counts}", flush=True)
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the German-English Debian pairs of task=mt")
+    parser = argparse.ArgumentParser(prog="python -m tasks.mt.debian_pairs",
+                                     description="Build the German-English Debian pairs of task=mt")
     parser.add_argument("--data-dir", default="data", help="the project's data dir (default: data)")
     args = parser.parse_args(argv)
-    data_dir = Path(args.data_dir)
-    try:
-        pairs_dir = prepare_pairs(data_dir / "mt" / "debian-de-en", data_dir / "debian", data_dir / "debian-de")
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    data_dir = require_dir(args.data_dir, "--data-dir", "--data-dir data", missing_ok=True)
+    pairs_dir = prepare_pairs(data_dir / "mt" / "debian-de-en", data_dir / "debian", data_dir / "debian-de")
     manifest = json.loads((pairs_dir / MANIFEST_FILE).read_text())
     print(f"[mt] {pairs_dir}: {manifest['pairs_per_split']} pairs, {manifest['words']} words")
     return 0

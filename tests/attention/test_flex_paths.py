@@ -247,6 +247,34 @@ def test_attend_on_cuda_runs_the_measured_choice(table, dropout_p, expected, as_
     assert as_cuda == [expected, expected]
 
 
+@pytest.mark.parametrize(("S_q", "S_k"), [(1500, 30), (30, 1500)])
+def test_the_choice_is_read_at_the_longer_side(S_q, S_k, as_cuda, choices):
+    """The table's length is max(S_q, S_k), whichever side is the long one."""
+    choices({"2048/16/float32": "flex"})
+    q, k, v, _, kpm, qpm = padded_problem(S_q, S_k, 16, B=1, H=2, seed=8)
+    attend(q, k, v, "dnas", kpm, qpm)
+    assert as_cuda == ["flex"]
+
+
+def test_dropout_of_one_declines_every_cuda_kernel(as_cuda):
+    """p = 1 drops every weight: the reference gives zeros (the kernels' 1 / (1 - p) would not)."""
+    for scheme in ("dnas", "hnas"):
+        assert route(scheme, "cuda", BF16, 0.99, u=0.5) == ["triton", "reference"]
+        assert route(scheme, "cuda", BF16, 1.0, u=0.5) == ["reference"]
+
+
+def test_unas_dropout_reaches_sdpa_on_cuda(as_cuda, monkeypatch):
+    from attnlab.attention.kernels import sdpa
+
+    seen = []
+    real = sdpa.unas_sdpa
+    monkeypatch.setattr(sdpa, "unas_sdpa", lambda *a: seen.append(a[-2:]) or real(*a))
+    q, k, v, _, _, _ = padded_problem(6, 5, 8, B=1, seed=2)
+    assert route("unas", "cuda", BF16, 0.25)[0] == "sdpa"
+    attend(q.to(BF16), k.to(BF16), v.to(BF16), "unas", dropout_p=0.25)
+    assert seen == [(False, 0.25)]  # (causal, dropout_p)
+
+
 def test_sinkhorn_rounds_run_on_flex_on_cuda(as_cuda):
     q, k, v, _, kpm, qpm = padded_problem(20, 24, 16, B=4, seed=9)
     out = attend(q, k, v, "sinkhorn", kpm, qpm, n_iter=4)
@@ -446,7 +474,9 @@ def test_the_cuda_bench_goes_on_past_a_failing_method(bench, monkeypatch, tmp_pa
 
 # ----------------------------------------------------------------------------- one build per forward
 @pytest.mark.parametrize(("spec", "causal"), [({"scheme": "sinkhorn", "n_iter": 2}, False),
-                                              ({"scheme": "sigmoid"}, True)], ids=["sinkhorn", "sigmoid"])
+                                              ({"scheme": "sigmoid"}, True), ({"scheme": "sink"}, False),
+                                              ({"scheme": "ssmax"}, True)],
+                         ids=["sinkhorn", "sigmoid", "sink", "ssmax"])
 def test_a_stack_builds_its_block_masks_once_per_forward(spec, causal, as_cuda, monkeypatch):
     """Issue 35, finding 4: run_stack hands its layers one MaskCache per forward, so a 3-layer
     stack on the flex paths (Sinkhorn: both orientations; causal sigmoid: rows and a mask_mod)

@@ -210,7 +210,9 @@ def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
     on every path."""
     if dropout_p > 0.0:
         keep = dropout.keep_mask(dropout.draw_seed(), tuple(weights.shape), dropout_p, weights.device)
-        weights = weights * keep / (1.0 - dropout_p)
+        # p = 1 drops every weight, as torch's dropout does (not 0 * inf = NaN); the fast paths
+        # decline p = 1, so this is where it runs
+        weights = weights * keep * (1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0)
     with torch.autocast(device_type=v.device.type, enabled=False):
         out = torch.matmul(weights, v.to(weights.dtype))
     return out.to(output_dtype(v))
