@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -111,7 +112,13 @@ class FastPath:
 
     def when(self, condition: Callable[..., bool]) -> FastPath:
         """This path, for the normalizers that satisfy `condition` (e.g. Sinkhorn with n_iter=1)."""
-        return replace(self, supports=lambda n, *args: condition(n) and self.supports(n, *args))
+        return replace(self, supports=partial(_supports_when, condition, self.supports))
+
+
+# The paths are built at import; what they call later is module-level (partials, no closures),
+# so that mutation testing (make mutate) can switch it per test
+def _supports_when(condition, supports, normalizer, *args) -> bool:
+    return condition(normalizer) and supports(normalizer, *args)
 
 
 def _u(call: AttentionCall) -> Tensor | None:
@@ -237,11 +244,8 @@ def _rowwise_cpu_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
     return device == "cpu" and dtype in CPU_DTYPES and dropout_p < 1.0 and fused.load()
 
 
-def _rowwise_cpu_run(attend: Callable[..., Tensor]) -> Callable[..., Tensor | None]:
-    def run(normalizer, call: AttentionCall) -> Tensor | None:
-        return attend(normalizer, call, *_masks(call), causal=call.causal, dropout_p=call.dropout_p)
-
-    return run
+def _rowwise_cpu_run(attend: Callable[..., Tensor], normalizer, call: AttentionCall) -> Tensor | None:
+    return attend(normalizer, call, *_masks(call), causal=call.causal, dropout_p=call.dropout_p)
 
 
 def _sigmoid_cpu(normalizer, call: AttentionCall, *masks, **kw) -> Tensor:
@@ -284,9 +288,9 @@ def _run_ssmax_cpu(normalizer, call: AttentionCall) -> Tensor | None:
     return None
 
 
-SIGMOID_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_sigmoid_cpu))
-SINK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_sink_cpu))
-SOFTPICK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, _rowwise_cpu_run(_softpick_cpu))
+SIGMOID_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, partial(_rowwise_cpu_run, _sigmoid_cpu))
+SINK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, partial(_rowwise_cpu_run, _sink_cpu))
+SOFTPICK_FUSED_CPU = FastPath("fused_cpu", _rowwise_cpu_supports, partial(_rowwise_cpu_run, _softpick_cpu))
 SSMAX_SCALED_CPU = FastPath("scaled_unas_cpu", _ssmax_cpu_supports, _run_ssmax_cpu)
 
 
@@ -296,15 +300,12 @@ def _rowwise_flex_supports(normalizer, device, dtype, dropout_p, causal) -> bool
     return device == "cuda" and dtype in CUDA_DTYPES and dropout_p == 0.0 and flex.available("cuda")
 
 
-def _rowwise_flex_run(attend: Callable[..., Tensor]) -> Callable[..., Tensor | None]:
-    def run(normalizer, call: AttentionCall) -> Tensor | None:
-        reason = flex.declines(call.q.shape[-1], call.v.shape[-1])
-        if reason is not None:
-            flex.log_decline_once(reason)
-            return None
-        return attend(normalizer, call)
-
-    return run
+def _rowwise_flex_run(attend: Callable[..., Tensor], normalizer, call: AttentionCall) -> Tensor | None:
+    reason = flex.declines(call.q.shape[-1], call.v.shape[-1])
+    if reason is not None:
+        flex.log_decline_once(reason)
+        return None
+    return attend(normalizer, call)
 
 
 def _sigmoid_flex(normalizer, call: AttentionCall) -> Tensor:
@@ -329,9 +330,9 @@ def _ssmax_flex(normalizer, call: AttentionCall) -> Tensor:
                                           call.causal, call.mask_cache)
 
 
-SIGMOID_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_sigmoid_flex))
-SINK_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_sink_flex))
-SSMAX_FLEX = FastPath("flex", _rowwise_flex_supports, _rowwise_flex_run(_ssmax_flex))
+SIGMOID_FLEX = FastPath("flex", _rowwise_flex_supports, partial(_rowwise_flex_run, _sigmoid_flex))
+SINK_FLEX = FastPath("flex", _rowwise_flex_supports, partial(_rowwise_flex_run, _sink_flex))
+SSMAX_FLEX = FastPath("flex", _rowwise_flex_supports, partial(_rowwise_flex_run, _ssmax_flex))
 
 SIGMOID_PATHS: tuple[FastPath, ...] = (SIGMOID_FUSED_CPU, SIGMOID_FLEX)
 SINK_PATHS: tuple[FastPath, ...] = (SINK_FUSED_CPU, SINK_FLEX)
