@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 from helpers.kernel_cases import leaf, out_and_grads, padded_problem, reference_out
+from torch import nn
 
 from attnlab.attention import attend, cuda_table, paths
 from attnlab.attention.functional import normalizer, route
@@ -512,3 +513,28 @@ def test_a_stack_builds_its_block_masks_once_per_forward(spec, causal, as_cuda, 
     assert built == [(3, 20, 20)] * 8
     if spec["scheme"] == "sinkhorn":
         assert as_cuda == ["flex"] * 12  # every attention on the flex path
+
+
+def test_a_decoding_step_builds_its_block_masks_once(as_cuda, monkeypatch):
+    """step_stack hands the layers of one step one MaskCache: each block mask (the self-attention's
+    over the cached keys, the cross-attention's of the source's padding) is built at the first
+    layer only, not once per layer; the steps equal the full pass."""
+    from attnlab.attention import DecoderCache, TransformerDecoderLayer, run_stack, step_stack
+
+    torch.manual_seed(1)
+    layers = nn.ModuleList(TransformerDecoderLayer(32, 2, 64, 0.0, spec="sigmoid", layer_index=i)
+                           for i in range(3)).eval()
+    x, memory = torch.randn(2, 4, 32), torch.randn(2, 7, 32)
+    memory_mask = torch.arange(7) >= torch.tensor([7, 5])[:, None]
+    built = []
+    real = flex.block_masks
+    monkeypatch.setattr(flex, "block_masks", lambda *a, **kw: built.append(a[:3]) or real(*a, **kw))
+    with torch.no_grad():
+        full = run_stack(layers, x, memory, memory_key_padding_mask=memory_mask)
+        cache = DecoderCache.start(layers, memory, memory_mask)
+        for t in range(3):
+            before = len(built)
+            out = step_stack(layers, x[:, t:t + 1], cache)
+            # the self-attention's (t + 1 cached keys) and the cross-attention's: once each
+            assert built[before:] == [(2, 1, t + 1), (2, 1, 7)], f"step {t}: {built[before:]}"
+            torch.testing.assert_close(out[:, 0], full[:, t], atol=1e-5, rtol=1e-5)

@@ -149,7 +149,7 @@ class TransformerEncoderLayer(nn.Module):
         return (x, logits) if return_logits else x
 
     def step(self, x: Tensor, cache: KVCache, index: int, prev_logits: Logits = None,
-             return_logits: bool = False):
+             return_logits: bool = False, mask_cache: MaskCache | None = None):
         """A causal layer (a decoder-only stack) on the newest position only, x (B, 1, D) ->
         (B, 1, D), with layer `index`'s keys/values in `cache`; with return_logits, also its row
         of logits for the next layer (as `forward`). Eval mode; equals forward's last position."""
@@ -158,7 +158,7 @@ class TransformerEncoderLayer(nn.Module):
                              "with causal=True")
         _check_steppable(self, return_logits)
         x, logits = self._blocks(x, lambda h: self.self_attn.step(
-            h, cache.self_attention(index), _pick(prev_logits, "self_attn")))
+            h, cache.self_attention(index), _pick(prev_logits, "self_attn"), mask_cache))
         return (x, logits) if return_logits else x
 
 
@@ -242,7 +242,7 @@ class TransformerDecoderLayer(nn.Module):
         return (x, logits) if return_logits else x
 
     def step(self, x: Tensor, cache: DecoderCache, index: int, prev_logits: Logits = None,
-             return_logits: bool = False):
+             return_logits: bool = False, mask_cache: MaskCache | None = None):
         """This layer on the newest position only, x (B, 1, D) -> (B, 1, D), with layer `index`'s
         self-attention keys/values and source keys/values in `cache` (`DecoderCache.start`); with
         return_logits, also its rows of logits for the next layer (as `forward`). Eval mode;
@@ -251,9 +251,11 @@ class TransformerDecoderLayer(nn.Module):
         memory_keys, memory_values = cache.cross_attention(index)
         x, logits = self._blocks(
             x,
-            lambda h: self.self_attn.step(h, cache.self_attention(index), _pick(prev_logits, "self_attn")),
+            lambda h: self.self_attn.step(h, cache.self_attention(index), _pick(prev_logits, "self_attn"),
+                                          mask_cache),
             lambda h: self.cross_attn.attend_to(h, memory_keys, memory_values,
                                                 key_padding_mask=cache.memory_padding_mask,
-                                                prev_logits=_pick(prev_logits, "cross_attn")),
+                                                prev_logits=_pick(prev_logits, "cross_attn"),
+                                                mask_cache=mask_cache),
         )
         return (x, logits) if return_logits else x

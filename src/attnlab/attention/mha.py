@@ -184,8 +184,8 @@ class MultiHeadAttention(nn.Module):
         # a head scheme is row-wise: each query's output depends on its own row of weights
         return self.transform is None or (carry_logits and self.transform.row_wise)
 
-    def step(self, x: Tensor, cache: KeyValues, prev_logits: Tensor | None = None
-             ) -> tuple[Tensor, Tensor | None]:
+    def step(self, x: Tensor, cache: KeyValues, prev_logits: Tensor | None = None,
+             mask_cache: MaskCache | None = None) -> tuple[Tensor, Tensor | None]:
         """Causal self-attention of the newest position x (B, 1, E) over every cached one (its
         keys/values are added to `cache`): its output and, in a cascade, its row of logits
         (B, H, 1, t) for the next layer. Equals the last row of the causal forward (eval mode)."""
@@ -194,7 +194,7 @@ class MultiHeadAttention(nn.Module):
                              f"{tuple(x.shape)}: feed a prefix one position per step")
         keys, values = cache.append(*self.keys_values(x))
         # The newest position may see every cached one: causality holds without a mask.
-        return self.attend_to(x, keys, values, prev_logits=prev_logits)
+        return self.attend_to(x, keys, values, prev_logits=prev_logits, mask_cache=mask_cache)
 
     def attend_heads(
         self,

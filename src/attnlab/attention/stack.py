@@ -13,7 +13,8 @@ noise is redrawn identically).
 
 The FlexAttention block masks (CUDA) travel the same way: `run_stack` makes one `MaskCache` per
 forward and hands it to every layer, so that they are built at the first layer and reused by the
-others; the next forward (a new padding mask) gets a new cache, so none is ever stale.
+others; the next forward (a new padding mask) gets a new cache, so none is ever stale. `step_stack`
+makes one per step (the decoder's cross-attention masks the source's padding at every layer).
 
 `step_stack` is the incremental form: the newest position (B, 1, D) through each layer's `step`
 with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache); the newest
@@ -53,7 +54,8 @@ def step_stack(layers: Iterable[nn.Module], x: Tensor, cache: KVCache) -> Tensor
     """The newest position x (B, 1, D) through `layers` (their `step`), layer i using entry i of
     `cache` (a `KVCache`, or a `DecoderCache` for decoder layers); returns the output (B, 1, D).
     Eval mode; equals the last position of `run_stack` over the whole prefix."""
-    logits = None
+    logits, masks = None, MaskCache()
     for index, layer in enumerate(layers):
-        x, logits = layer.step(x, cache, index, prev_logits=logits, return_logits=True)
+        x, logits = layer.step(x, cache, index, prev_logits=logits, return_logits=True,
+                               mask_cache=masks)
     return x
