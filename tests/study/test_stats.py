@@ -3,6 +3,7 @@ fixed numbers, and its verdicts (each verdict branch pinned by a test that fails
 
 import itertools
 import math
+import warnings
 from dataclasses import astuple
 
 import numpy as np
@@ -269,6 +270,43 @@ def test_probability_of_improvement_interval_is_seeded_and_contains_the_estimate
     assert all(math.isnan(x) for x in probability_of_improvement_interval([0.9], [0.8, 0.7]))
 
 
+def _bootstrap_reference(a, b, level=0.95, resamples=2000, seed=0):
+    """scipy's percentile bootstrap of P(A > B) + P(A = B) / 2, the statistic written out pair by
+    pair (not vectorized) and each sample resampled on its own, from PCG64(seed)."""
+    def poi(x, y):
+        return sum((u > v) + 0.5 * (u == v) for u in x for v in y) / (len(x) * len(y))
+
+    result = stats.bootstrap((np.asarray(a), np.asarray(b)), poi, n_resamples=resamples,
+                             paired=False, vectorized=False, confidence_level=level,
+                             method="percentile", rng=np.random.Generator(np.random.PCG64(seed)))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def test_probability_of_improvement_interval_is_scipys_stratified_percentile_bootstrap():
+    """The documented defaults (2000 resamples, seed 0) and `level` give scipy's interval for the
+    statistic written by hand; these samples tell 2000 resamples from 2001 or 9999 and seed 0
+    from 1 apart (0.431 for the low end instead of 0.444)."""
+    a, b = [0.81, 0.84, 0.79, 0.86, 0.83, 0.80], [0.78, 0.80, 0.79, 0.81, 0.80, 0.82]
+    assert probability_of_improvement_interval(a, b) == pytest.approx(_bootstrap_reference(a, b))
+    assert probability_of_improvement_interval(a, b) == pytest.approx((4 / 9, 1.0))
+    assert probability_of_improvement_interval(a, b, level=0.5) == pytest.approx(
+        _bootstrap_reference(a, b, level=0.5))
+    assert probability_of_improvement_interval(a, b, level=0.5) == pytest.approx((2 / 3, 31 / 36))
+    assert probability_of_improvement_interval(a, b, seed=1) == pytest.approx(
+        _bootstrap_reference(a, b, seed=1))
+
+
+def test_probability_of_improvement_of_one_run_each_and_no_warning_when_empty():
+    # one run on either side is a valid sample: pairs (2, 1) and (2, 3) -> (1 + 0) / 2
+    assert probability_of_improvement([2.0], [1.0, 3.0]) == 0.5
+    assert probability_of_improvement([1.0, 3.0], [2.0]) == 0.5
+    assert probability_of_improvement([2.0], [1.0]) == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NaN by definition, not numpy's "mean of empty slice"
+        assert math.isnan(probability_of_improvement([1.0], []))
+        assert math.isnan(probability_of_improvement([], [1.0]))
+
+
 def _simulated_power(n, effect, sd, alpha, trials=20_000, seed=0):
     """Share of 20,000 simulated paired experiments (a seed effect common to both runs, noise on
     each) whose scipy paired t-test rejects at alpha."""
@@ -381,6 +419,7 @@ def test_contrast_matches_its_pieces():
     d = np.subtract(SCHEME, BASELINE)
     assert c.n == 5 and c.dropped == 1
     assert c.scheme_mean == pytest.approx(np.mean(SCHEME))
+    assert c.baseline_mean == pytest.approx(np.mean(BASELINE))
     assert c.scheme_interval == pytest.approx(t_interval(SCHEME, 0.9))
     assert c.baseline_interval == pytest.approx(t_interval(BASELINE, 0.9))
     assert c.difference == pytest.approx(0.03)
@@ -413,10 +452,20 @@ def test_contrast_without_pairs_is_all_nan_and_inconclusive():
                none.effect_size, none.probability_of_improvement, *none.poi_interval, none.t,
                none.p_value, none.p_adjusted, none.tost_p, none.tost_adjusted]
     assert all(math.isnan(x) for x in numbers)
+    assert none.df == 0 and none.margin == 0.01  # as paired_t_test of no pair; the margin given
     one = contrast([0.9], [0.1], margin=0.01)
     assert one.n == 1 and one.verdict == INCONCLUSIVE and math.isnan(one.tost_p)
     with pytest.raises(ValueError, match="margin must be > 0"):
         contrast(SCHEME, BASELINE, margin=0.0)
+
+
+def test_contrast_errors_name_the_argument_at_fault():
+    with pytest.raises(ValueError, match=r"^alpha must lie strictly between 0 and 1 \(got 1.5\); "
+                                         r"pass e.g. alpha=0.05$"):
+        contrast(SCHEME, BASELINE, margin=0.01, alpha=1.5)
+    with pytest.raises(ValueError, match=r"^level must lie strictly between 0 and 1 \(got 0.0\); "
+                                         r"pass e.g. level=0.95$"):
+        contrast(SCHEME, BASELINE, margin=0.01, level=0.0)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ primary family under Holm, the negative controls, whether each probe tests its m
 the exploratory contrasts."""
 
 import math
+import warnings
 
 import pytest
 from compare_fakes import card, metrics, plan, record, records
@@ -11,6 +12,7 @@ from scipy import stats as scipy_stats
 
 from attnlab.study import stats
 from attnlab.study.compare.analysis import (
+    Cell,
     build_cells,
     diagnostics,
     exploratory,
@@ -86,6 +88,35 @@ def test_a_run_in_two_cells_counts_in_both():
     assert cells[("p", "sweep: n=1", "dnas")].n == 2
 
 
+def test_a_failure_in_two_cells_is_listed_in_both_and_named_by_its_status_without_an_error():
+    c = card(sweep={"probe.options.n": (1, 8)}, main={"probe.options.n": 8},
+             negative=Control(("probe.options.n=1",), "one item"))
+    p = plan(c, mode="full")
+    lrs = p.choose_lrs({})
+    found = records(p, lrs, {("p", NEGATIVE, "dnas"): [0.5, 0.6, 0.7, 0.8]})
+    runs = list(found)
+    found[runs[0]] = {"status": "timeout"}  # killed by the runner: a status, no error
+    found[runs[1]] = {"status": "ok"}  # finished without writing its metrics
+    found[runs[2]]["metrics"]["test/avg_jsd"] = 0.5  # the two finished runs: 0.5 and 0.03
+    cells = build_cells(p, found, lrs)
+    for name in (NEGATIVE, "sweep: n=1"):
+        cell = cells[("p", name, "dnas")]
+        assert cell.failed == ["seed 1: timeout", "seed 2: no test/acc in its metrics.json"]
+        assert cell.values["test/acc"] == {3: 0.7, 4: 0.8}
+        # each cell's diagnostics come from its own finished runs
+        assert cell.diagnostics["head JSD"] == pytest.approx([0.265])
+        assert cell.diagnostics["min col sum x S"] == [10.0]
+
+
+def test_a_cell_without_an_outcome_has_no_mean_and_no_interval_and_warns_nothing():
+    empty = Cell("p", MAIN, "dnas", lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NaN by definition, not numpy's "mean of empty slice"
+        assert math.isnan(empty.mean()) and math.isnan(empty.mean("val/acc_auc"))
+        assert all(math.isnan(x) for x in empty.interval())
+        assert all(math.isnan(x) for x in empty.interval("val/acc_auc"))
+
+
 def test_diagnostics_are_per_layer_means_over_the_runs():
     u = {"net.layers.0.attn": [0.2, 0.4], "net.layers.10.attn": [1.0],
          "net.layers.2.attn": [0.5], "net.layers.1.attn": [0.8, 0.6]}
@@ -100,6 +131,9 @@ def test_diagnostics_are_per_layer_means_over_the_runs():
     assert d["collision rate"] == [0.25]
     assert d["hnas_u"] == pytest.approx([0.3, 0.7, 0.5, 1.0])  # in layer order: 0, 1, 2, 10
     assert diagnostics([{"metrics": {}}]) == {k: [] for k in d if k != "hnas_u"}
+    assert diagnostics([{}]) == {k: [] for k in d if k != "hnas_u"}  # a record without metrics
+    # a run-level diagnostic logged on validation only is read from there (test/ first)
+    assert diagnostics([{"metrics": {"val/avg_jsd": 0.4}}])["head JSD"] == [0.4]
     # a record written before `scheme_params` held HNAS's u alone, as `hnas_u`
     old = [{**r, "hnas_u": u} for r in found]
     for r in old:
@@ -161,6 +195,23 @@ def test_the_primary_family_is_holm_across_contrasts_and_outcomes():
     assert {r.as_predicted for r in worse} == {"no"}  # predicted worse, found equivalent
 
 
+def test_a_contrast_needs_both_cells_and_an_outcome_missing_from_a_cell_pairs_nothing():
+    p = card("p", schemes=("unas", "dnas", "hnas"))  # dnas vs unas, hnas vs unas
+    pl = plan(p)
+    lrs = pl.choose_lrs({})
+    found = records(pl, lrs, {("p", MAIN, "unas"): accs(0.6), ("p", MAIN, "dnas"): DNAS})
+    for run, rec in found.items():
+        if run.model == "dnas":  # dnas's runs logged no learning curve
+            del rec["metrics"]["val/acc_auc"]
+    results = primary_family(build_cells(pl, found, lrs), pl.probes())
+    # hnas never ran: its contrast is left out of the family
+    assert [(r.spec.name, r.outcome) for r in results] == [("dnas vs unas", "test/acc"),
+                                                         ("dnas vs unas", "val/acc_auc")]
+    auc = results[1].result
+    assert auc.n == 0 and auc.dropped == 4 and auc.verdict == "inconclusive"
+    assert results[0].result.verdict == "better" and results[0].result.n == 4
+
+
 def test_an_inconclusive_contrast_is_no_prediction():
     p = card("p", schemes=("unas", "dnas"), contrasts=(("dnas", "unas", "better"),))
     pl = plan(p)
@@ -204,6 +255,27 @@ def test_negative_controls_predict_equivalence():
     assert checks_for(card(negative=None), MAIN_90).negative == "not defined"
 
 
+def test_negative_controls_are_the_primary_probes_only_and_not_all_equivalent_is_inconclusive():
+    p = card("p", schemes=("unas", "dnas", "hnas"))
+    e = card("e", "exploratory", schemes=("unas", "dnas"),
+             contrasts=(("dnas", "unas", "better"),))  # a negative control, but not primary
+    pl = plan(p, e, mode="full", registered=["unas", "dnas", "hnas"])
+    lrs = pl.choose_lrs({})
+    noise = (0.1, -0.1, 0.05, -0.04)  # mean +0.0025, sd 0.09: neither test decides
+    cells = build_cells(pl, records(pl, lrs, {
+        ("p", NEGATIVE, "unas"): accs(0.9), ("p", NEGATIVE, "dnas"): accs(0.9),
+        ("p", NEGATIVE, "hnas"): [round(a + d, 4) for a, d in zip(accs(0.9), noise)],
+        ("e", NEGATIVE, "unas"): accs(0.5), ("e", NEGATIVE, "dnas"): accs(0.5)}), lrs)
+    results = negative_controls(cells, pl.probes())
+    assert {(r.probe, r.spec.name) for r in results} == {("p", "dnas vs unas"),
+                                                        ("p", "hnas vs unas")}
+    assert {r.spec.name: r.result.verdict for r in results} == {"dnas vs unas": "equivalent",
+                                                                "hnas vs unas": "inconclusive"}
+    checks = probe_checks(cells | main_cells(pl, lrs), pl, results)
+    assert checks["p"].probe == "p"
+    assert checks["p"].negative == "inconclusive (not every contrast shown equivalent)"
+
+
 def main_cells(pl, lrs, level=0.9):
     values = {(c.name, MAIN, s): accs(level) for c in pl.probes() for s in pl.schemes_for(c)}
     return build_cells(pl, records(pl, lrs, values), lrs)
@@ -235,8 +307,21 @@ def test_the_shortcut_reaching_the_best_scheme_means_the_probe_does_not_test_it(
     assert not check.shortcut_reached and check.positive == "breaks" and check.tests_mechanism
     assert check.summary == "yes"
     # no shortcut logged (a probe without one): nothing reaches
-    check = checks_for(FALL, MAIN_90 | falls, shortcut=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no shortcut is no number, not numpy's "mean of empty slice"
+        check = checks_for(FALL, MAIN_90 | falls, shortcut=None)
     assert math.isnan(check.shortcut) and not check.shortcut_reached
+
+
+def test_a_probe_without_runs_on_its_main_setting_gets_no_check_and_the_next_one_does():
+    a, b = card("a"), card("b")
+    pl = plan(a, b)
+    lrs = pl.choose_lrs({})
+    found = records(pl, lrs, {("a", MAIN, "unas"): [None, None], ("a", POSITIVE, "dnas"): [0.5],
+                              ("b", MAIN, "unas"): accs(0.6), ("b", MAIN, "dnas"): accs(0.9)})
+    checks = probe_checks(build_cells(pl, found, lrs), pl, [])
+    assert list(checks) == ["b"] and checks["b"].probe == "b"
+    assert checks["b"].best == pytest.approx(0.90625)
 
 
 def test_expect_fall_breaks_only_when_every_listed_scheme_falls_halfway_to_the_shortcut():
@@ -244,8 +329,8 @@ def test_expect_fall_breaks_only_when_every_listed_scheme_falls_halfway_to_the_s
     check = checks_for(FALL, MAIN_90 | {(POSITIVE, "dnas"): 0.4, (POSITIVE, "hnas"): 0.59,
                                         (POSITIVE, "unas"): 0.6})  # unas: not listed
     assert check.positive == "breaks" and check.tests_mechanism
-    assert "dnas 0.906 -> 0.406 (shortcut 0.300)" in check.positive_detail
-    assert "hnas 0.906 -> 0.596" in check.positive_detail and "unas" not in check.positive_detail
+    assert check.positive_detail == ("dnas 0.906 -> 0.406 (shortcut 0.300); "
+                                     "hnas 0.906 -> 0.596 (shortcut 0.300)")  # unas not listed
     check = checks_for(FALL, MAIN_90 | {(POSITIVE, "dnas"): 0.4, (POSITIVE, "hnas"): 0.62})
     assert check.positive == "does not break" and not check.tests_mechanism
     assert check.summary == "no: the positive control does not break"
@@ -254,8 +339,9 @@ def test_expect_fall_breaks_only_when_every_listed_scheme_falls_halfway_to_the_s
     # a listed scheme not run in the control (--schemes): judged on the others
     check = checks_for(FALL, MAIN_90 | {(POSITIVE, "dnas"): 0.4})
     assert check.positive == "breaks"
-    assert checks_for(FALL, MAIN_90).positive == "not run"
-    assert checks_for(card(positive=None), MAIN_90).positive == "not defined"
+    not_run, not_defined = checks_for(FALL, MAIN_90), checks_for(card(positive=None), MAIN_90)
+    assert (not_run.positive, not_run.positive_detail) == ("not run", "")
+    assert (not_defined.positive, not_defined.positive_detail) == ("not defined", "")
 
 
 def test_expect_fall_judges_only_schemes_that_beat_the_shortcut():
@@ -264,7 +350,59 @@ def test_expect_fall_judges_only_schemes_that_beat_the_shortcut():
     assert check.positive == "breaks"
     check = checks_for(FALL, weak | {(MAIN, "dnas"): 0.31, (POSITIVE, "dnas"): 0.3,
                                      (POSITIVE, "hnas"): 0.3})
-    assert check.positive.startswith("cannot tell") and not check.tests_mechanism
+    assert check.positive == ("cannot tell (the schemes it ablates do not beat the shortcut on "
+                              "the main setting)") and not check.tests_mechanism
+    assert check.positive_detail == ("dnas 0.316 -> 0.306 (shortcut 0.300); "
+                                     "hnas 0.316 -> 0.306 (shortcut 0.300)")
+
+
+def test_expect_fall_skips_a_listed_scheme_without_runs_on_either_setting():
+    # dnas (listed first) not run in the control: judged on hnas, which does not fall
+    check = checks_for(FALL, MAIN_90 | {(POSITIVE, "hnas"): 0.8})
+    assert check.positive == "does not break"
+    assert check.positive_detail == "hnas 0.906 -> 0.806 (shortcut 0.300)"
+    # every main run of dnas failed: no mean to fall from, judged on hnas
+    pl = plan(FALL)
+    lrs = pl.choose_lrs({})
+    found = records(pl, lrs, {(c, s): accs(v) for (c, s), v in MAIN_90.items()
+                              if s != "dnas"} and {
+        ("p", c, s): accs(v) for (c, s), v in (MAIN_90 | {(POSITIVE, "dnas"): 0.4,
+                                                          (POSITIVE, "hnas"): 0.4}).items()
+        if (c, s) != (MAIN, "dnas")} | {("p", MAIN, "dnas"): [None, None]})
+    check = probe_checks(build_cells(pl, found, lrs), pl, [])["p"]
+    assert check.positive == "breaks" and check.positive_detail == (
+        "hnas 0.906 -> 0.406 (shortcut 0.300)")
+    # the same with every control run of dnas failed
+    found = records(pl, lrs, {("p", c, s): accs(v) for (c, s), v in (
+        MAIN_90 | {(POSITIVE, "hnas"): 0.4}).items()} | {("p", POSITIVE, "dnas"): [None]})
+    check = probe_checks(build_cells(pl, found, lrs), pl, [])["p"]
+    assert check.positive == "breaks" and check.positive_detail == (
+        "hnas 0.906 -> 0.406 (shortcut 0.300)")
+
+
+def exact_checks(c, values: dict, shortcut: float | None = 0.5):
+    """probe_checks of one probe from {(condition, scheme): accuracies by seed}, exactly (binary
+    fractions, no noise): for the boundaries."""
+    pl = plan(c)
+    lrs = pl.choose_lrs({})
+    found = records(pl, lrs, {(c.name, cond, s): v for (cond, s), v in values.items()},
+                    shortcut=shortcut)
+    return probe_checks(build_cells(pl, found, lrs), pl, [])[c.name]
+
+
+def test_the_boundaries_of_the_shortcut_and_of_falling_halfway():
+    """docs/compare.md: a probe tests its mechanism when its best scheme beats the shortcut by
+    MORE than the margin; a scheme that beat it falls AT LEAST halfway back."""
+    fall = card(schemes=("unas", "dnas"), margin=0.25)
+    at = exact_checks(fall, {(MAIN, "unas"): [0.75, 0.75], (MAIN, "dnas"): [0.75, 0.75],
+                             (POSITIVE, "dnas"): [0.5, 0.5]})
+    assert at.best == 0.75 and at.shortcut_reached  # 0.75 = shortcut 0.5 + margin 0.25
+    # nor did dnas beat the shortcut by more than the margin: it cannot fall
+    assert at.positive.startswith("cannot tell")
+    half = exact_checks(card(schemes=("unas", "dnas"), margin=0.125),
+                        {(MAIN, "unas"): [0.75, 0.75], (MAIN, "dnas"): [0.75, 0.75],
+                         (POSITIVE, "dnas"): [0.625, 0.625]})  # 0.625: exactly halfway
+    assert not half.shortcut_reached and half.positive == "breaks" and half.tests_mechanism
 
 
 VANISH = card(schemes=("unas", "dnas", "hnas"),
@@ -291,7 +429,38 @@ def test_expect_vanish_breaks_only_when_every_contrast_with_an_effect_at_least_h
     assert check.positive == "breaks" and "hnas" not in check.positive_detail
     check = checks_for(VANISH, {(MAIN, s): 0.6 for s in ("unas", "dnas", "hnas")} | halved,
                        shortcut=0.1)
-    assert check.positive.startswith("cannot tell") and not check.tests_mechanism
+    assert check.positive == ("cannot tell (no contrast differs by the minimum effect on the main "
+                              "setting)") and not check.tests_mechanism
+    assert check.positive_detail == ""
+
+
+def test_expect_vanish_judges_each_contrast_that_can_be_judged():
+    main = {(MAIN, "unas"): 0.6, (MAIN, "dnas"): 0.8, (MAIN, "hnas"): 0.4}  # +0.2, -0.2
+    halved = {(POSITIVE, "unas"): 0.6, (POSITIVE, "dnas"): 0.68, (POSITIVE, "hnas"): 0.52}
+    # dnas vs unas (the first contrast) without a control run of dnas: hnas judged alone
+    no_dnas = {k: v for k, v in (main | halved).items() if k != (POSITIVE, "dnas")}
+    check = checks_for(VANISH, no_dnas, shortcut=0.1)
+    assert check.positive == "breaks" and check.positive_detail == "hnas vs unas -0.200 -> -0.080"
+    # the same where every control run of dnas failed (no difference to compare)
+    pl = plan(VANISH)
+    lrs = pl.choose_lrs({})
+    found = records(pl, lrs, {("p", c, s): accs(v) for (c, s), v in no_dnas.items()}
+                    | {("p", POSITIVE, "dnas"): [None, None]}, shortcut=0.1)
+    check = probe_checks(build_cells(pl, found, lrs), pl, [])["p"]
+    assert check.positive == "breaks" and check.positive_detail == "hnas vs unas -0.200 -> -0.080"
+    # the first contrast without an effect on main: the second still judged
+    check = checks_for(VANISH, main | halved | {(MAIN, "dnas"): 0.6}, shortcut=0.1)
+    assert check.positive == "breaks" and check.positive_detail == "hnas vs unas -0.200 -> -0.080"
+
+
+def test_expect_vanish_boundaries_an_effect_of_exactly_min_effect_exactly_halved():
+    """docs/compare.md: every contrast that differed by AT LEAST min_effect AT LEAST halves."""
+    vanish = card(schemes=("unas", "dnas"), contrasts=(("dnas", "unas", "better"),),
+                  min_effect=0.25, positive="vanish")
+    check = exact_checks(vanish, {(MAIN, "unas"): [0.5, 0.5], (MAIN, "dnas"): [0.75, 0.75],
+                                  (POSITIVE, "unas"): [0.5, 0.5],
+                                  (POSITIVE, "dnas"): [0.625, 0.625]}, shortcut=0.125)
+    assert check.positive == "breaks" and check.positive_detail == "dnas vs unas +0.250 -> +0.125"
 
 
 def test_exploratory_sets_every_other_scheme_against_unas_without_a_verdict():
