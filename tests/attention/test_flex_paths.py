@@ -295,8 +295,35 @@ def test_flex_declines_head_dims_past_its_limit(as_cuda, caplog):
         assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
         assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
     assert as_cuda == [] and [r.message for r in caplog.records].count(
-        f"head dims d={d}, d_v={d} are outside the FlexAttention DNAS/HNAS path's "
+        f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
         f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead") == 1
+
+
+def test_row_wise_flex_declines_head_dims_past_its_limit_with_the_reason(as_cuda, caplog):
+    d = flex.MAX_HEAD_DIM + 4
+    q, k, v, _, _, _ = padded_problem(3, 4, d, B=1, seed=11)
+    norm, inputs = normalizer("sigmoid")
+    flex.log_decline_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert paths.SIGMOID_FLEX(norm, norm.call(q, k, v, **inputs)) is None
+    declined = [r.message for r in caplog.records if r.name == flex.__name__]
+    assert declined == [f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
+                        f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead"]
+
+
+def test_attention_dropout_reaches_the_triton_kernels(as_cuda, monkeypatch):
+    seen = []
+    monkeypatch.setattr(triton_ops, "query_normalized_attend_triton",
+                        lambda q, k, v, *a, **kw: seen.append(kw) or torch.zeros_like(q))
+    q, k, v, u, kpm, qpm = padded_problem(6, 5, 16, B=1, seed=3)
+    attend(q, k, v, "hnas", kpm, qpm, dropout_p=0.2, u=u)
+    assert seen == [{"dropout_p": 0.2}]
+
+
+def test_stick_breaking_blocks_run_on_the_cpu_and_cuda_only():
+    assert route("stickbreaking", "cuda", BF16, causal=True)[0] == "blocked"
+    for device in ("mps", "xpu"):
+        assert route("stickbreaking", device, BF16, causal=True) == ["reference"]
 
 
 @pytest.mark.parametrize("chosen", ["flex", "triton"])

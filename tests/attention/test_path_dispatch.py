@@ -76,3 +76,19 @@ def test_stickbreaking_by_blocks_keeps_its_attend_current_option(attend_current)
     weights = attention_weights(q, k, "stickbreaking", causal=True, attend_current=attend_current)
     torch.testing.assert_close(out, weights @ v, atol=1e-10, rtol=0)
     assert (weights[..., 0, 0] > 0).all() == attend_current  # row 0 has only itself as a key
+
+
+def test_causal_ssmax_with_dropout_stays_causal_on_the_cpu():
+    """The fused UNAS kernel under SSMax's scaled queries takes no causal mask: causal SSMax
+    with dropout must not reach it (the positions before the last do not see the last value)."""
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 2, 10, 8) for _ in range(3))
+    moved = v.clone()
+    moved[:, :, -1] += 5.0
+
+    def run(values):
+        torch.manual_seed(8)  # the same dropout mask in both runs
+        return attend(q, k, values, "ssmax", causal=True, dropout_p=0.3)
+
+    torch.testing.assert_close(run(moved)[:, :, :-1], run(v)[:, :, :-1], atol=0, rtol=0)
+    assert not torch.equal(run(moved)[:, :, -1], run(v)[:, :, -1])

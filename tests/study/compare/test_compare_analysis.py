@@ -196,7 +196,9 @@ def test_the_primary_family_is_holm_across_contrasts_and_outcomes():
 
 
 def test_a_contrast_needs_both_cells_and_an_outcome_missing_from_a_cell_pairs_nothing():
-    p = card("p", schemes=("unas", "dnas", "hnas"))  # dnas vs unas, hnas vs unas
+    p = card("p", schemes=("unas", "dnas", "hnas"),
+             contrasts=(("dnas", "unas", "better"), ("unas", "dnas", "worse"),
+                        ("hnas", "unas", "equivalent")))
     pl = plan(p)
     lrs = pl.choose_lrs({})
     found = records(pl, lrs, {("p", MAIN, "unas"): accs(0.6), ("p", MAIN, "dnas"): DNAS})
@@ -205,11 +207,13 @@ def test_a_contrast_needs_both_cells_and_an_outcome_missing_from_a_cell_pairs_no
             del rec["metrics"]["val/acc_auc"]
     results = primary_family(build_cells(pl, found, lrs), pl.probes())
     # hnas never ran: its contrast is left out of the family
-    assert [(r.spec.name, r.outcome) for r in results] == [("dnas vs unas", "test/acc"),
-                                                         ("dnas vs unas", "val/acc_auc")]
-    auc = results[1].result
-    assert auc.n == 0 and auc.dropped == 4 and auc.verdict == "inconclusive"
+    assert [(r.spec.name, r.outcome) for r in results] == [
+        ("dnas vs unas", "test/acc"), ("dnas vs unas", "val/acc_auc"),
+        ("unas vs dnas", "test/acc"), ("unas vs dnas", "val/acc_auc")]
+    for auc in (results[1].result, results[3].result):  # dnas on either side: no pair
+        assert auc.n == 0 and auc.dropped == 4 and auc.verdict == "inconclusive"
     assert results[0].result.verdict == "better" and results[0].result.n == 4
+    assert results[2].result.verdict == "worse" and results[2].result.n == 4
 
 
 def test_an_inconclusive_contrast_is_no_prediction():
@@ -364,11 +368,9 @@ def test_expect_fall_skips_a_listed_scheme_without_runs_on_either_setting():
     # every main run of dnas failed: no mean to fall from, judged on hnas
     pl = plan(FALL)
     lrs = pl.choose_lrs({})
-    found = records(pl, lrs, {(c, s): accs(v) for (c, s), v in MAIN_90.items()
-                              if s != "dnas"} and {
-        ("p", c, s): accs(v) for (c, s), v in (MAIN_90 | {(POSITIVE, "dnas"): 0.4,
-                                                          (POSITIVE, "hnas"): 0.4}).items()
-        if (c, s) != (MAIN, "dnas")} | {("p", MAIN, "dnas"): [None, None]})
+    levels = MAIN_90 | {(POSITIVE, "dnas"): 0.4, (POSITIVE, "hnas"): 0.4}
+    found = records(pl, lrs, {("p", c, s): accs(v) for (c, s), v in levels.items()}
+                    | {("p", MAIN, "dnas"): [None, None]})
     check = probe_checks(build_cells(pl, found, lrs), pl, [])["p"]
     assert check.positive == "breaks" and check.positive_detail == (
         "hnas 0.906 -> 0.406 (shortcut 0.300)")
@@ -476,3 +478,15 @@ def test_exploratory_sets_every_other_scheme_against_unas_without_a_verdict():
         assert r.result.p_adjusted == r.result.p_value and r.result.tost_adjusted == r.result.tost_p
     e = results[3].result
     assert e.difference == pytest.approx(0.4) and e.n == 4
+    assert {r.condition for r in results} == {MAIN}
+
+
+def test_exploratory_in_quick_mode_takes_each_probes_own_schemes():
+    p = card("p", schemes=("unas", "dnas", "hnas"), contrasts=(("dnas", "unas", "better"),))
+    pl = plan(p)  # quick: p's schemes, not every registered one
+    lrs = pl.choose_lrs({})
+    cells = build_cells(pl, records(pl, lrs, {("p", MAIN, s): accs(v) for s, v in
+                                              (("unas", 0.6), ("dnas", 0.8), ("hnas", 0.7))}), lrs)
+    (r,) = exploratory(cells, pl)
+    assert (r.probe, r.condition, r.spec.name, r.outcome) == ("p", MAIN, "hnas vs unas", "test/acc")
+    assert r.result.difference == pytest.approx(0.1)

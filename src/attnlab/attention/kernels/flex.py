@@ -68,7 +68,7 @@ def available(device_type: str) -> bool:
 def declines(d: int, d_v: int) -> str | None:
     """Why the CUDA kernels cannot take these head dims, or None."""
     if max(d, d_v) > MAX_HEAD_DIM or min(d, d_v) < MIN_HEAD_DIM:
-        return (f"head dims d={d}, d_v={d_v} are outside the FlexAttention DNAS/HNAS path's "
+        return (f"head dims d={d}, d_v={d_v} are outside the FlexAttention paths' "
                 f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
     return None
 
