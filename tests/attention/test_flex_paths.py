@@ -307,8 +307,8 @@ def test_row_wise_flex_declines_head_dims_past_its_limit_with_the_reason(as_cuda
     with caplog.at_level("WARNING"):
         assert paths.SIGMOID_FLEX(norm, norm.call(q, k, v, **inputs)) is None
     declined = [r.message for r in caplog.records if r.name == flex.__name__]
-    assert declined == [f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
-                        f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead"]
+    assert declined == [(f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
+                         f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead")]
 
 
 def test_attention_dropout_reaches_the_triton_kernels(as_cuda, monkeypatch):
