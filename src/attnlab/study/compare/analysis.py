@@ -247,7 +247,7 @@ class ProbeCheck:
         return "yes"
 
 
-def _positive(card: ProbeCard, cells: dict, schemes: list[str]) -> tuple[str, str]:
+def _positive(card: ProbeCard, cells: dict) -> tuple[str, str]:
     control = card.positive
     if control is None:
         return "not defined", ""
@@ -300,7 +300,7 @@ def probe_checks(cells: dict, plan: ComparePlan,
         shortcut = float(np.nanmean([c.shortcut for c in main])) if any(
             math.isfinite(c.shortcut) for c in main) else math.nan
         reached = math.isfinite(shortcut) and best <= shortcut + card.margin
-        positive, detail = _positive(card, cells, schemes)
+        positive, detail = _positive(card, cells)
         mine = [r for r in negatives if r.probe == card.name]
         if not mine:
             negative = "not run" if card.negative else "not defined"
