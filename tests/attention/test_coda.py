@@ -306,3 +306,73 @@ def test_incremental_decoding_with_cached_keys_matches_the_full_pass():
             out, prev = m.attend_heads(q, k[:, :, : t + 1], v[:, :, : t + 1], prev_logits=prev)
             step = m.out_proj(out.transpose(1, 2).reshape(2, 1, D))
             torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the head MLP itself
+def mlp_by_hand(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """sigma(x) in float64 from the Linears' parameters alone: LeakyReLU(0.2) between them, none
+    after the last (the paper's MLP), over the last axis."""
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    for i, lin in enumerate(linears):
+        x = x @ lin.weight.double().T + lin.bias.double()
+        if i < len(linears) - 1:
+            x = torch.where(x > 0, x, 0.2 * x)
+    return x
+
+
+@pytest.mark.parametrize(("alpha", "hidden", "widths"), [
+    (None, None, [(4, 16), (16, 16), (16, 4)]),  # the defaults: alpha 4, two hidden layers
+    (1, 1, [(4, 4), (4, 4)]),  # the smallest options allowed
+    (2, 3, [(4, 8), (8, 8), (8, 8), (8, 4)]),
+])
+def test_head_mixer_is_the_papers_mlp(alpha, hidden, widths):
+    torch.manual_seed(0)
+    kw = {k: v for k, v in (("alpha", alpha), ("hidden_layers", hidden)) if v is not None}
+    mixer = HeadMixer(H, **kw)
+    assert [(m.in_features, m.out_features) for m in mixer.net if isinstance(m, nn.Linear)] == widths
+    with torch.no_grad():
+        for p in mixer.parameters():  # biases away from 0, so that a missing one would show
+            p.add_(0.3 * torch.randn_like(p))
+    z = 3 * torch.randn(2, H, 5, 6, dtype=torch.float64)  # large enough that many units are negative
+    ref = mlp_by_hand(mixer.net, z.movedim(1, -1)).movedim(-1, 1)
+    out = mixer(z)  # float64 logits through the float32 MLP, returned as float64
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    half = mixer(z.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+
+
+def test_head_mixer_starts_as_the_published_initialization():
+    """xavier_uniform with gain 1/sqrt(2): U(-b, b), b = sqrt(6 / (fan_in + fan_out)) / sqrt(2);
+    biases 0."""
+    torch.manual_seed(0)
+    mixer = HeadMixer(H)
+    for lin in (m for m in mixer.net if isinstance(m, nn.Linear)):
+        bound = math.sqrt(6 / (lin.in_features + lin.out_features)) / math.sqrt(2)
+        w = lin.weight.detach()
+        assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound, (w.abs().max(), bound)
+        assert torch.equal(lin.bias, torch.zeros_like(lin.bias))
+
+
+def test_options_build_the_mixer_they_name_and_reject_below_one():
+    m = MultiHeadAttention(D, H, spec=coda(alpha=1, mlp_layers=1), layer_index=1)
+    assert [(l.in_features, l.out_features) for l in m.transform.mixer.net if isinstance(l, nn.Linear)] == [(H, H), (H, H)]
+    m = MultiHeadAttention(D, H, spec=coda(alpha=2, mlp_layers=3), layer_index=1)
+    assert sum(isinstance(l, nn.Linear) for l in m.transform.mixer.net) == 4
+    for key in ("alpha", "mlp_layers"):
+        with pytest.raises(ConfigError, match=rf"^model\.{key}=0 must be an integer >= 1$"):
+            coda(**{key: 0}).build_transform(H, receives_logits=True)
+
+
+@pytest.mark.parametrize("name", ["coda", "realformer"])
+def test_a_transform_built_with_defaults_is_the_first_layer_of_one_head(name):
+    from attnlab.attention.schemes import TRANSFORMS
+
+    cls = TRANSFORMS[name]
+    first = cls()
+    assert first.options == cls.Options() and first.num_heads == 1 and not first.receives_logits
+    assert not hasattr(first, "mixer")
+    scores = torch.randn(1, 1, 3, 3)
+    assert torch.equal(first.eval()(scores, None), scores)  # no previous layer: the scores
+    later = cls(num_heads=H, receives_logits=True)
+    assert later.num_heads == H and later.receives_logits

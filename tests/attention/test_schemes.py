@@ -279,3 +279,238 @@ def test_a_new_scheme_with_a_parameter_needs_no_edit_outside_its_class(tmp_path)
         assert callback.write_png("test_tempered_t", tmp_path / "t.png").stat().st_size > 1000
     finally:
         unregister(Tempered.name)
+
+
+# ----------------------------------------------------------------------------- HNAS's u
+def test_hnas_options_name_the_fix_and_the_functional_form_takes_u_as_given():
+    with pytest.raises(ConfigError, match=r"^model\.hybrid_per='row'; use 'head' \(one u per head\) or 'layer'$"):
+        AttentionSpec("hnas", hybrid_per="row")
+    functional = AttentionSpec("hnas").build_normalizer()  # no heads: owns no u
+    assert functional.state_inputs() == {} and functional.reported() == {}
+    assert not list(functional.parameters())
+    q, k, v, mask = inputs(seed=3)
+    with pytest.raises(ConfigError, match=r"^scheme='hnas' needs u \(broadcastable to \(B, H, 1, 1\), e\.g\. u=0\.5\)$"):
+        attend(q, k, v, "hnas")
+    # an integer u is a number like any other: u=1 is DNAS, u=0 is UNAS
+    for u, pure in ((1, "dnas"), (0, "unas")):
+        torch.testing.assert_close(attention_weights(q, k, "hnas", key_padding_mask=mask, u=u),
+                                   attention_weights(q, k, pure, key_padding_mask=mask))
+    # per layer: one logit, the same u reported for every head
+    layer = MultiHeadAttention(E, H, spec={"scheme": "hnas", "hybrid_per": "layer", "hybrid_init": 0.3})
+    assert layer.normalizer.hybrid_logit.shape == (1,)
+    torch.testing.assert_close(layer.normalizer.reported()["u"], torch.full((H,), 0.3))
+
+
+# ----------------------------------------------------------------------------- entmax, any alpha
+def entmax_by_bisection(z: Tensor, alpha: float) -> Tensor:
+    """alpha-entmax of each row in float64 from its definition (Peters et al. 2019):
+    p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)), tau such that sum p = 1."""
+    z = (alpha - 1) * z.double()
+    lo, hi = z.amax(-1, keepdim=True) - 1.0, z.amax(-1, keepdim=True)
+    for _ in range(200):
+        tau = (lo + hi) / 2
+        total = (z - tau).clamp(min=0).pow(1 / (alpha - 1)).sum(-1, keepdim=True)
+        lo, hi = torch.where(total >= 1, tau, lo), torch.where(total >= 1, hi, tau)
+    return (z - (lo + hi) / 2).clamp(min=0).pow(1 / (alpha - 1))
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3, 3.0])
+def test_entmax_equals_its_definition_for_every_alpha(alpha):
+    q, k, _, mask = inputs(seed=5)
+    q = 2 * q
+    w = attention_weights(q, k, "entmax", key_padding_mask=mask, alpha=alpha)
+    logits = q.double() @ k.double().transpose(-2, -1) / 8**0.5
+    ref = entmax_by_bisection(logits.masked_fill(mask[:, None, None, :], float("-inf")), alpha)
+    torch.testing.assert_close(w.double(), ref, atol=2e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- base and registry
+def test_option_type_errors_name_the_key_the_types_and_an_example():
+    with pytest.raises(ConfigError, match=r"^model\.param_lr='x': hnas's option param_lr must be float or "
+                                          r"null, e\.g\. model\.param_lr=null$"):
+        AttentionSpec("hnas", param_lr="x")
+    with pytest.raises(ConfigError, match=r"^model\.noise='yes': coda's option noise must be bool, e\.g\. "
+                                          r"model\.noise=true$"):
+        AttentionSpec("coda", noise="yes")
+    with pytest.raises(ConfigError, match=r"^model\.mlp_layers=1\.5: coda's option mlp_layers must be int, "
+                                          r"e\.g\. model\.mlp_layers=2$"):
+        AttentionSpec("coda", mlp_layers=1.5)
+
+
+def test_causal_errors_list_exactly_the_schemes_that_fit():
+    q, k, v, _ = inputs()
+    causal_fit = [n for n in sorted(NORMALIZERS) if not NORMALIZERS[n].over_queries] + \
+        [n for n in sorted(TRANSFORMS)] + ["diff"]
+    with pytest.raises(ConfigError) as info:
+        attend(q, k, v, "dnas", causal=True)
+    assert str(info.value).endswith("Use a scheme that normalizes over keys where attention is causal: "
+                                    + ", ".join(f"model={n}" for n in causal_fit) + ".")
+    assert "model=stickbreaking" in str(info.value) and "model=hnas" not in str(info.value)
+    noncausal_fit = [n for n in sorted(NORMALIZERS) if not NORMALIZERS[n].causal_only] + \
+        [n for n in sorted(TRANSFORMS) if not TRANSFORMS[n].causal_only] + ["diff"]
+    with pytest.raises(ConfigError) as info:
+        attend(q, k, v, "stickbreaking")
+    assert str(info.value) == (
+        "scheme='stickbreaking' is defined for causal attention only (each query breaks its stick "
+        "over the keys before it); this attention is not causal. Use stickbreaking in a causal "
+        "language model (task=lm), or here one of " + ", ".join(f"model={n}" for n in noncausal_fit) + ".")
+
+
+def test_a_causal_only_transform_names_itself_and_why():
+    from attnlab.attention import LogitTransform
+
+    selective = TRANSFORMS["selective"]()
+    with pytest.raises(ConfigError, match=r"^scheme='selective' is defined for causal attention only \(a "
+                                          r"token masks keys from the queries after it"):
+        selective.check_causal(False)
+    selective.check_causal(True)
+
+    class CausalOnly(LogitTransform):  # declares no reason: the message points to its docs
+        name = "test_causal_only"
+        causal_only = True
+
+    with pytest.raises(ConfigError, match=r"^scheme='test_causal_only' is defined for causal attention "
+                                          r"only \(see its docs\)"):
+        CausalOnly().check_causal(False)
+
+
+def test_register_checks_names_and_kinds_and_unregister_forgets_every_kind():
+    from attnlab.attention import HeadScheme, LogitTransform
+    from attnlab.attention.schemes import HEAD_SCHEMES
+
+    class Plain(Normalizer):
+        pass
+
+    for bad in ("", "Upper", "has-dash", "a b"):
+        Plain.name = bad
+        with pytest.raises(ValueError, match=rf"^Plain\.name must be a lower-case identifier, got {bad!r}$"):
+            register(Plain)
+    Plain.name = "_"  # underscores are allowed inside a name, but a name of none but them is not
+    with pytest.raises(ValueError, match="lower-case identifier"):
+        register(Plain)
+    with pytest.raises(ValueError, match=r"^NoName\.name must be a lower-case identifier, got ''$"):
+        register(type("NoName", (), {}))
+    with pytest.raises(TypeError, match=r"^Other is neither a Normalizer, a LogitTransform nor a HeadScheme$"):
+        register(type("Other", (), {"name": "test_other"}))
+    Plain.name = "coda"  # a transform's name: taken across the kinds
+    with pytest.raises(ValueError, match=r"^scheme name 'coda' is taken by Coda$"):
+        register(Plain)
+    assert NORMALIZERS.get("coda") is None and TRANSFORMS["coda"].__name__ == "Coda"
+
+    tables = {Normalizer: NORMALIZERS, LogitTransform: TRANSFORMS, HeadScheme: HEAD_SCHEMES}
+    for base, table in tables.items():
+        cls = type(f"Own{base.__name__}", (base,), {"name": "test_own"})
+        try:
+            assert register(cls) is cls and register(cls) is cls  # re-registering replaces
+            assert table["test_own"] is cls and all("test_own" not in t for t in tables.values() if t is not table)
+        finally:
+            unregister("test_own")
+        assert "test_own" not in table
+
+
+def test_a_subclass_keeps_its_parents_kernels_only_while_it_keeps_the_parents_weights():
+    def mine(normalizer, call):
+        return None
+
+    class Renamed(DNAS):  # the same weights: DNAS's kernels compute it
+        name = "test_renamed"
+
+    class Listed(DNAS):  # new weights with kernels of its own
+        name = "test_listed"
+        fast_paths = (mine,)
+
+        def weights(self, logits: Tensor) -> Tensor:
+            return safe_log_normalize(logits, dim=-1).exp()
+
+    class Bare(DNAS):  # new weights, no kernels: the reference only
+        name = "test_bare"
+
+        def weights(self, logits: Tensor) -> Tensor:
+            return safe_log_normalize(logits, dim=-1).exp()
+
+    assert Renamed.fast_paths == DNAS.fast_paths and Listed.fast_paths == (mine,) and Bare.fast_paths == ()
+    assert Bare().route("cpu", torch.float32) == ["reference"]
+
+
+def test_route_names_each_path_and_asks_it_with_this_normalizer():
+    asked = []
+
+    def plain(normalizer, call):  # no `name`: its function name
+        return None
+
+    class Anonymous:  # neither `name` nor `__name__`
+        def __call__(self, normalizer, call):
+            return None
+
+    def only_this(normalizer, device, dtype, dropout_p, causal):
+        asked.append((normalizer, device, dtype, dropout_p, causal))
+        return isinstance(normalizer, Routed) and not causal
+
+    only_this_path = DNAS.fast_paths[0].__class__("picky", only_this, lambda n, c: None)
+
+    class Routed(Normalizer):
+        name = "test_routed"
+        fast_paths = (only_this_path, plain, Anonymous())
+
+    r = Routed()
+    assert r.route("cpu", torch.float32) == ["picky", "plain", "?", "reference"]
+    assert asked == [(r, "cpu", torch.float32, 0.0, False)]
+    assert r.route("cpu", torch.float32, causal=True) == ["plain", "?", "reference"]
+
+
+def test_attend_hands_a_stacks_mask_cache_to_every_path():
+    seen = []
+
+    def spy(normalizer, call):
+        seen.append(call.mask_cache)
+        return None
+
+    class Spied(Normalizer):
+        name = "test_spied"
+        fast_paths = (spy,)
+
+        def weights(self, logits: Tensor) -> Tensor:
+            return safe_log_normalize(logits, dim=-1).exp()
+
+    q, k, v, _ = inputs()
+    cache = object()
+    Spied().attend(q, k, v, mask_cache=cache)
+    assert seen == [cache]
+
+
+def test_a_normalizers_attention_weights_default_to_full_attention_and_check_masks():
+    q, k, _, mask = inputs(seed=6)
+    unas = AttentionSpec("unas").build_normalizer()
+    torch.testing.assert_close(unas.attention_weights(q, k),
+                               torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1))  # no triangle
+    for key in ("key_padding_mask", "query_padding_mask"):
+        with pytest.raises(ConfigError, match=rf"^{key} must be a bool tensor"):
+            unas.attention_weights(q, k, **{key: mask.float()})
+
+
+def test_every_scheme_knows_its_heads_and_head_schemes_their_sizes():
+    from attnlab.attention.schemes import HEAD_SCHEMES
+
+    for name, cls in NORMALIZERS.items():
+        assert cls(None, H).num_heads == H and cls().num_heads is None, name
+    for name, cls in HEAD_SCHEMES.items():
+        default = cls()
+        assert (default.num_heads, default.layer_index) == (1, 0) and default.options == cls.Options(), name
+        assert default.value_dim == default.head_dim and default.embed_dim == default.head_dim, name
+        sized = cls(None, 2, 4, value_dim=6, embed_dim=10, layer_index=3)
+        assert (sized.num_heads, sized.head_dim, sized.value_dim, sized.embed_dim, sized.layer_index) == \
+            (2, 4, 6, 10, 3), name
+        square = cls(None, 3, 4)
+        assert (square.value_dim, square.embed_dim) == (4, 12), name
+
+
+def test_what_runs_are_keyed_by_is_the_unwrapped_name_and_a_bare_scheme_owns_its_parameters():
+    from attnlab.attention import query_normalized
+    from attnlab.attention.schemes.registry import module_name
+
+    assert module_name("net._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.self_attn") == \
+        "net.layers.0.self_attn"
+    hnas = AttentionSpec("hnas").build_normalizer(H)
+    assert scheme_parameters(hnas) == [("hybrid_logit", hnas.hybrid_logit)]
+    assert query_normalized() == tuple(n for n in sorted(NORMALIZERS) if NORMALIZERS[n].over_queries)
+    assert {"dnas", "hnas", "sinkhorn", "esp"} <= set(query_normalized()) and "unas" not in query_normalized()
