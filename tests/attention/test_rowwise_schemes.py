@@ -345,3 +345,30 @@ def test_a_module_computes_what_attend_computes_with_its_parameter():
 def test_options_are_validated(scheme, options, message):
     with pytest.raises(ConfigError, match=message):
         AttentionSpec(scheme, **options)
+
+
+def test_option_bounds_and_infinite_ssmax_scale():
+    AttentionSpec("sigmoid", bias="learned", bias_init_n=1)  # b starts at -log 1 = 0: allowed
+    with pytest.raises(ConfigError, match=r"^model\.scale_init=inf must be finite"):
+        AttentionSpec("ssmax", scale_init=float("inf"))
+    with pytest.raises(ConfigError, match=r"^model\.scale_init=-inf must be finite"):
+        AttentionSpec("ssmax", scale_init=float("-inf"))
+
+
+def test_the_functional_learned_sigmoid_starts_at_its_initial_bias():
+    """Without heads (attend, attention_weights) a learned sigmoid owns no b: it takes the one
+    given, else b = -log(bias_init_n)."""
+    q, k, _, _, kpm, _ = padded_problem(5, 5, 4, B=2, H=H, dtype=F64)
+    w = attention_weights(q, k, "sigmoid", key_padding_mask=kpm, bias="learned", bias_init_n=8)
+    ref = torch.sigmoid(masked_logits(q, k, kpm) - math.log(8))
+    torch.testing.assert_close(w, torch.where(torch.isfinite(masked_logits(q, k, kpm)), ref, 0.0))
+
+
+@pytest.mark.parametrize(("case", "scheme", "options", "name"), [c for c in CASES if c[3]], ids=[c[0] for c in CASES if c[3]])
+def test_weights_keep_the_logits_dtype_whatever_the_parameters(case, scheme, options, name):
+    """A float64 b or c on float32 logits gives float32 weights, as the docs promise (float32,
+    float64 stays), and the same values as a float32 parameter."""
+    q, k = (t.float() for t in padded_problem(5, 5, 4, B=2, H=H, dtype=F64)[:2])
+    w = attention_weights(q, k, scheme, **options, **{name: PARAM.double()})
+    assert w.dtype == torch.float32
+    torch.testing.assert_close(w, attention_weights(q, k, scheme, **options, **{name: PARAM}))

@@ -181,3 +181,138 @@ def test_probe_runs_model_diff(tmp_path, data_dir):
             tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok" and record["scheme_params"]["diff_lambda"]
+
+
+# ----------------------------------------------------------------------------- the head scheme called directly
+def heads(seed=0, B=2, S=5, d=8, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, S, d, generator=g, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    mask[1, -2:] = True
+    return q, k, v, mask
+
+
+def softmax_by_hand(q, k, mask):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(mask[:, None, None, :], float("-inf")), -1)
+
+
+def test_v1_lambda_per_head_is_each_heads_own_in_the_maps_difference():
+    torch.manual_seed(0)
+    m = randomized(MultiHeadAttention(E, H, spec={"scheme": "diff", "lambda_per": "head"}).double())
+    s, unas = m.head_scheme, m.normalizer
+    with torch.no_grad():  # (H, d/2) vectors, away from the init
+        for p in (s.lambda_q1, s.lambda_k1, s.lambda_q2, s.lambda_k2):
+            p.normal_(0, 0.5)
+    lam = torch.exp((s.lambda_q1 * s.lambda_k1).sum(-1)) - torch.exp((s.lambda_q2 * s.lambda_k2).sum(-1)) + 0.2
+    assert lam.shape == (H,) and (lam[0] - lam[1]).abs() > 0.05  # two heads, two lambdas
+    torch.testing.assert_close(s.lambda_full(), lam)
+    q, k, v, mask = heads()
+    out, w = s(unas, q, k, v, mask)  # defaults: not causal, no dropout
+    ref = softmax_by_hand(q[..., :4], k[..., :4], mask) - lam.view(1, H, 1, 1) * softmax_by_hand(q[..., 4:], k[..., 4:], mask)
+    torch.testing.assert_close(w, ref)
+    o = ref @ v
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * s.subln.weight * (1 - 0.2)
+    torch.testing.assert_close(out, o)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_dropout_reaches_the_weights_of_both_versions(version):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "version": version}).double()
+    q, k, v, mask = heads()
+    query = torch.randn(2, 5, E, dtype=torch.float64)
+    plain, _ = m.head_scheme(m.normalizer, q, k, v, mask, query=query)
+    torch.manual_seed(1)
+    dropped, w = m.head_scheme(m.normalizer, q, k, v, mask, dropout_p=0.5, query=query)
+    torch.manual_seed(1)
+    from attnlab.attention.schemes.base import apply_weights
+
+    by_hand = apply_weights(w, v, 0.5)  # the same seed drops the same weights
+    if version == 1:
+        by_hand = m.head_scheme.subln(by_hand) * (1 - m.head_scheme.lambda_init)
+    torch.testing.assert_close(dropped, by_hand)
+    assert (dropped - plain).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("normalization", ["hnas", "stickbreaking"])
+def test_the_maps_take_the_normalizations_inputs_and_causality(normalization):
+    torch.manual_seed(0)
+    causal = normalization == "stickbreaking"  # causal-only: refused unless the call is causal
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "normalization": normalization, "hybrid_init": 0.3},
+                           is_decoder=causal).double()
+    q, k, v, mask = heads()
+    _, w = m.head_scheme(m.normalizer, q, k, v, mask, causal=causal)
+    n = m.normalizer
+    w1 = n.attention_weights(q[..., :4], k[..., :4], mask, causal=causal)
+    w2 = n.attention_weights(q[..., 4:], k[..., 4:], mask, causal=causal)
+    torch.testing.assert_close(w, w1 - m.head_scheme.lambda_full().view(1, -1, 1, 1) * w2)
+    if causal:
+        with pytest.raises(ConfigError, match="causal attention only"):
+            m.head_scheme(n, q, k, v, mask)
+
+
+def test_the_maps_check_their_inputs_and_refuse_a_causal_query_normalization():
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "normalization": "dnas"}).double()
+    q, k, v, mask = heads()
+    with pytest.raises(ConfigError, match="leaks the future"):
+        m.head_scheme(m.normalizer, q, k, v, causal=True)
+    for version in (1, 2):
+        s = MultiHeadAttention(E, H, spec={"scheme": "diff", "version": version}).double()
+        query = torch.randn(2, 5, E, dtype=torch.float64)
+        with pytest.raises(ConfigError, match=r"^v \(2, 2, 4, 8\) must match k \(2, 2, 5, [48]\) in B, H and S_k$"):
+            s.head_scheme(s.normalizer, q, k, v[:, :, :4], query=query)
+        for key in ("key_padding_mask", "query_padding_mask"):
+            with pytest.raises(ConfigError, match=rf"^{key} must be a bool tensor"):
+                s.head_scheme(s.normalizer, q, k, v, query=query, **{key: mask.double()})
+
+
+def test_v2_projections_and_its_reported_lambda_over_valid_queries():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "version": 2}).double()
+    s = m.head_scheme
+    assert s.q2_proj.bias is not None and s.lambda_proj.bias is None  # W_lambda: E x H, no bias
+    assert s.reported() == {}  # no forward yet
+    q, k, v, mask = heads()
+    with pytest.raises(ConfigError, match=r"^model=diff model\.version=2 takes its lambda and second query from "
+                                          r"the attention's query input, which this attention does not give"):
+        s(m.normalizer, q, k, v, mask)
+    query = torch.randn(2, 5, E, dtype=torch.float64)
+    s(m.normalizer, q, k, v, mask, query_padding_mask=mask, query=query)
+    lam = torch.sigmoid(query @ s.lambda_proj.weight.T)  # (B, S, H)
+    valid = lam[0].sum(0) + lam[1, :3].sum(0)  # example 1's last two queries are padding
+    (reported,) = s.reported().values()
+    assert list(s.reported()) == ["lambda"]
+    torch.testing.assert_close(reported, (valid / 8).to(reported.dtype))
+    # the repr shows v1's lambda_init as computed for its layer (v2 has none)
+    assert s.extra_repr() == f"diff, layer_index=0, {s.options}"
+    assert MultiHeadAttention(E, H, spec="diff").head_scheme.extra_repr().endswith(", lambda_init=0.2000")
+
+
+def test_rmsnorm_and_lambda_run_in_float32_for_half_precision_models():
+    from attnlab.attention.schemes.diff import RMSNorm
+
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 8).to(torch.bfloat16) * 50
+    out = norm(x)
+    xf = x.float()
+    ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16) * norm.weight.to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    m = randomized(MultiHeadAttention(E, H, spec="diff"))
+    s = m.head_scheme
+    lam32 = s.lambda_full()
+    s.to(torch.bfloat16)
+    lam = s.lambda_full()
+    assert lam.dtype == torch.float32
+    # the exponentials in float32 of the bf16 dot products (not exp in bf16: steps of 1/128)
+    ref = (torch.exp((s.lambda_q1 * s.lambda_k1).sum(-1).float())
+           - torch.exp((s.lambda_q2 * s.lambda_k2).sum(-1).float()) + 0.2)
+    torch.testing.assert_close(lam, ref)
+    torch.testing.assert_close(lam, lam32, atol=0.02, rtol=0)
+
+
+def test_lambda_per_names_its_choices():
+    with pytest.raises(ConfigError, match=r"^model\.lambda_per='row' must be layer or head$"):
+        AttentionSpec("diff", lambda_per="row")

@@ -184,3 +184,60 @@ def test_config_defaults_are_the_options():
     assert spec.scheme == "esp"
     norm = spec.build_normalizer(2)
     assert norm.options == ESPOptions() == ESPOptions(tau=10.0, softsort_tau=1e-3, hard=True)
+
+
+def test_options_at_their_bounds_and_of_the_wrong_kind():
+    """The bounds are what the docs say: tau >= 0 (0: the plans' mean), slices >= 1; numbers of
+    another kind are refused where the dataclass is built directly (the spec checks types first)."""
+    for ok in ({"tau": 0.0}, {"tau": 0.5}, {"slices": 1}, {"seed": 0}):
+        ESPOptions(**ok)
+    for bad, message in (({"hard": 1}, r"^model\.hard=1 must be true or false for esp, e\.g\. model\.hard=true$"),
+                         ({"slices": 2.5}, r"^model\.slices=2\.5 must be null"),
+                         ({"slices": True}, r"^model\.slices=True must be null"),
+                         ({"seed": 1.5}, r"^model\.seed=1\.5 must be an integer >= 0"),
+                         ({"seed": True}, r"^model\.seed=True must be an integer >= 0")):
+        with pytest.raises(ConfigError, match=message):
+            ESPOptions(**bad)
+
+
+def test_the_chunked_path_serves_what_it_says_and_nothing_else():
+    esp_ = AttentionSpec("esp").build_normalizer()
+    for device, dtype in (("cpu", torch.float32), ("cpu", torch.float64), ("cuda", torch.float16),
+                          ("cuda", torch.bfloat16), ("cuda", torch.float32)):
+        assert esp_.route(device, dtype) == ["chunked", "reference"], (device, dtype)
+        assert esp_.route(device, dtype, causal=True) == ["reference"], (device, dtype)
+    for device, dtype in (("cpu", torch.float16), ("cpu", torch.bfloat16), ("cuda", torch.float64),
+                          ("mps", torch.float32), ("xla", torch.float32)):
+        assert esp_.route(device, dtype) == ["reference"], (device, dtype)
+
+
+@pytest.mark.parametrize("path", ["chunked", "reference"])
+def test_dropout_reaches_the_weights_on_every_path(path):
+    from attnlab.attention.paths import AttentionCall
+    from attnlab.attention.schemes.base import apply_weights
+
+    q, k, v, kpm, qpm = problem(6)
+    esp_ = AttentionSpec("esp").build_normalizer()
+    call = AttentionCall(q, k, v, kpm, qpm, False, 0.5, {}, None)
+    run = esp.ESP_CHUNKED.run if path == "chunked" else esp_.reference
+    torch.manual_seed(3)
+    dropped = run(esp_, call) if path == "chunked" else run(call)
+    torch.manual_seed(3)
+    by_hand = apply_weights(esp_.attention_weights(q, k, kpm, qpm), v, 0.5)  # the same seed drops alike
+    torch.testing.assert_close(dropped, by_hand)
+    assert (dropped - attend(q, k, v, "esp", key_padding_mask=kpm, query_padding_mask=qpm)).abs().max() > 1e-2
+
+
+def test_attention_weights_are_full_by_default_and_check_their_call():
+    q, k, _, kpm, qpm = problem(5)
+    esp_ = AttentionSpec("esp").build_normalizer()
+    torch.testing.assert_close(esp_.attention_weights(q, k), attention_weights(q, k, "esp", causal=False))
+    with pytest.raises(ConfigError, match="leaks the future"):
+        esp_.attention_weights(q, k, causal=True)
+    for key, mask in (("key_padding_mask", kpm), ("query_padding_mask", qpm)):
+        with pytest.raises(ConfigError, match=rf"^{key} must be a bool tensor"):
+            esp_.attention_weights(q, k, **{key: mask.double()})
+    with pytest.raises(ConfigError, match=r"^scheme='esp' computes its weights from q and k \(sliced transport "
+                                          r"plans\), not from logits: it cannot follow a logit transform \(coda, "
+                                          r"realformer\); use model=esp alone$"):
+        esp_.weights(torch.zeros(1, 2, 3, 3))

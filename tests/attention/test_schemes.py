@@ -345,6 +345,8 @@ def test_causal_errors_list_exactly_the_schemes_that_fit():
         attend(q, k, v, "dnas", causal=True)
     assert str(info.value).endswith("Use a scheme that normalizes over keys where attention is causal: "
                                     + ", ".join(f"model={n}" for n in causal_fit) + ".")
+    assert str(info.value).startswith("causal attention with scheme='dnas' is not allowed: dnas normalizes "
+                                      "every key column over all queries")
     assert "model=stickbreaking" in str(info.value) and "model=hnas" not in str(info.value)
     noncausal_fit = [n for n in sorted(NORMALIZERS) if not NORMALIZERS[n].causal_only] + \
         [n for n in sorted(TRANSFORMS) if not TRANSFORMS[n].causal_only] + ["diff"]
@@ -463,7 +465,6 @@ def test_attend_hands_a_stacks_mask_cache_to_every_path():
 
     def spy(normalizer, call):
         seen.append(call.mask_cache)
-        return None
 
     class Spied(Normalizer):
         name = "test_spied"
@@ -514,3 +515,92 @@ def test_what_runs_are_keyed_by_is_the_unwrapped_name_and_a_bare_scheme_owns_its
     assert scheme_parameters(hnas) == [("hybrid_logit", hnas.hybrid_logit)]
     assert query_normalized() == tuple(n for n in sorted(NORMALIZERS) if NORMALIZERS[n].over_queries)
     assert {"dnas", "hnas", "sinkhorn", "esp"} <= set(query_normalized()) and "unas" not in query_normalized()
+
+
+def test_a_head_scheme_by_default_is_one_head_of_one_feature_whose_parameters_all_train_at_its_rate():
+    from attnlab.attention import HeadScheme
+
+    class Bare(HeadScheme):  # what a new head scheme inherits
+        name = "test_bare_heads"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.mix = torch.nn.Linear(2, 2)
+
+    bare = Bare()
+    assert (bare.num_heads, bare.head_dim, bare.value_dim, bare.embed_dim, bare.layer_index) == (1, 1, 1, 1, 0)
+    assert bare.scheme_parameters() == list(bare.parameters()) and len(bare.scheme_parameters()) == 2
+    with pytest.raises(NotImplementedError):
+        bare(AttentionSpec("unas").build_normalizer(), *inputs()[:3])
+
+
+def test_attention_without_dropout_leaves_the_random_stream_alone():
+    """No dropout draws no seed: what a seeded run draws next does not depend on the attention
+    calls before it (entmax: no fast path, the reference's apply_weights runs)."""
+    q, k, v, mask = inputs(seed=7)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    attend(q, k, v, "entmax", key_padding_mask=mask, dropout_p=0.0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_normalizations_own_options_are_checked_by_name():
+    """`normalization_options` go to the normalization unfiltered: an unknown key there is named,
+    with the normalization's options (or none)."""
+    with pytest.raises(ConfigError, match=r"^model=sigmoid has no option alpah, beta; its options are bias, "
+                                          r"bias_init_n, param_lr \(see conf/model/sigmoid\.yaml\)$"):
+        AttentionSpec("coda", normalization="sigmoid", normalization_options={"alpah": 2, "beta": 1})
+    with pytest.raises(ConfigError, match=r"^model=unas has no option alpha; its options are none "
+                                          r"\(see conf/model/unas\.yaml\)$"):
+        AttentionSpec("coda", normalization_options={"alpha": 2})
+
+
+def test_dropout_of_one_drops_every_weight():
+    """p = 1 as torch's dropout: all zero, not 1 / (1 - p) (entmax: no fast path, the reference's
+    apply_weights runs)."""
+    q, k, v, mask = inputs(seed=8)
+    out = attend(q, k, v, "entmax", key_padding_mask=mask, dropout_p=1.0)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_a_head_scheme_is_not_run_as_a_normalization():
+    q, k, v, _ = inputs()
+    with pytest.raises(ConfigError, match=r"^scheme 'diff' computes the heads' outputs itself; it runs inside "
+                                          r"MultiHeadAttention \(spec='diff'\) with a normalization, not as one$"):
+        attend(q, k, v, "diff")
+
+
+def test_bad_masks_missing_inputs_and_unknown_names_get_the_whole_fix():
+    q, k, v, mask = inputs()
+    with pytest.raises(ConfigError, match=r"^key_padding_mask must be a bool tensor \(True = padding\), got "
+                                          r"torch\.float32; pass e\.g\. `token_ids == pad_id`$"):
+        attend(q, k, v, "unas", key_padding_mask=mask.float())
+    with pytest.raises(ConfigError, match=r"^query_padding_mask must be a bool tensor \(True = padding\), got list"):
+        attend(q, k, v, "unas", query_padding_mask=mask.tolist())
+
+    class TwoInputs(Normalizer):
+        name = "test_two_inputs"
+        input_names = ("a", "b")
+
+        def weights(self, logits: Tensor, a: Tensor, b: Tensor) -> Tensor:
+            return safe_log_normalize(a * logits + b, dim=-1).exp()
+
+    with pytest.raises(ConfigError, match=r"^scheme='test_two_inputs' needs a, b \(broadcastable to \(B, H, 1, 1\), "
+                                          r"e\.g\. a=0\.5\)$"):
+        TwoInputs().attend(q, k, v)
+    with pytest.raises(ConfigError, match=r"^unknown attention scheme 'nope'; the registered normalizations are "
+                                          + ", ".join(sorted(NORMALIZERS)) + r" \(e\.g\. model=hnas\)$"):
+        attend(q, k, v, "nope")
+
+
+def test_inputs_that_are_not_split_into_heads_are_named():
+    q, k, v, _ = inputs()
+    for name, args in (("q", (q[0], k)), ("k", (q, k[0]))):
+        with pytest.raises(ConfigError, match=rf"^{name} must be 4-D \(B, H, S, d\), got shape \(4, 6, 8\); split "
+                                              r"heads before calling attend$"):
+            attention_weights(*args, "unas")  # no v: q and k alone are checked
+        with pytest.raises(ConfigError, match=rf"^{name} must be 4-D \(B, H, S, d\), got shape \(4, 6, 8\)"):
+            attend(*args, v, "unas")
+    with pytest.raises(ConfigError, match=r"^v must be 4-D \(B, H, S, d\), got shape \(4, 6, 8\)"):
+        attend(q, k, v[0], "unas")

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import ConfigError
+from attnlab.figures import save_png
 from attnlab.loggers import LoggerAdapter
 
 TARGET_KEYS = ("scores", "labels", "label", "targets", "target", "y")
@@ -198,7 +199,4 @@ class Calibration(pl.Callback):
         ax.title.set_fontsize(8)
         ax.legend(fontsize=7, loc="upper left")
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return save_png(fig, path, dpi=100)

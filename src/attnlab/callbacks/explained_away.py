@@ -28,6 +28,7 @@ import pytorch_lightning as pl
 
 from attnlab.attention import ColumnStats, attention_modules, record_attention
 from attnlab.attention.statistics import RowStats
+from attnlab.figures import save_png
 from attnlab.loggers import LoggerAdapter
 
 
@@ -121,7 +122,4 @@ class ExplainedAway(pl.Callback):
             ax.set_xlabel("log sum_i w_ij")
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return save_png(fig, path, dpi=100)

@@ -30,6 +30,7 @@ import torch
 
 from attnlab.attention import attention_modules, record_attention
 from attnlab.attention.statistics import head_distance_sum, jsd_matrix
+from attnlab.figures import save_png
 from attnlab.loggers import LoggerAdapter
 
 
@@ -166,7 +167,4 @@ class HeadDiversity(pl.Callback):
             ax.set_xlabel("head")
             ax.set_ylabel("head")
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="JSD (nats, max log 2)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return save_png(fig, path, dpi=100)

@@ -33,6 +33,7 @@ import torch
 from attnlab.attention import MultiHeadAttention, attention_modules
 from attnlab.callbacks.after_test import AfterTestAnalysis, analysis_progress, quiet_lightning
 from attnlab.errors import ConfigError
+from attnlab.figures import save_png
 from attnlab.loggers import LoggerAdapter
 
 # Lightning's name of the accelerator for a torch device type
@@ -196,7 +197,4 @@ class HeadImportance(pl.Callback, AfterTestAnalysis):
         ax2.set_xlabel(f"drop of {metric}")
         ax2.set_ylabel("heads")
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return save_png(fig, path, dpi=100)

@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 
 from attnlab.attention import scheme_values
 from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS
+from attnlab.figures import save_png
 from attnlab.fsdp import full_parameters
 from attnlab.loggers import LoggerAdapter
 
@@ -94,10 +95,7 @@ class SchemeParameters(pl.Callback):
                title=f"{key} (thin: heads, thick: layer mean)")
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return save_png(fig, path, dpi=110)
 
     # the trajectories survive a resume
     def state_dict(self) -> dict:

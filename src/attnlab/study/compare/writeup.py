@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.figures import save_png
 from attnlab.study import stats
 from attnlab.study.compare.analysis import (
     ACC,
@@ -215,9 +216,7 @@ def forest(results: list[ContrastResult], path: Path) -> Path | None:
     axes[0][0].set_title("primary contrasts (green better, red worse, blue equivalent, grey "
                          "inconclusive)", fontsize=8, loc="left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def sweep_points(card: ProbeCard, plan: ComparePlan) -> list[tuple[str, dict[str, object]]]:
@@ -272,9 +271,7 @@ def sweep_figure(card: ProbeCard, cells: dict, plan: ComparePlan, path: Path) ->
         ax.set_title(card.name, fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 def write_report(out_dir: Path, plan: ComparePlan, cells: dict, lrs: dict, power: list[Power],

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from attnlab.figures import save_png
 from attnlab.study.evidence import (
     CONTRADICTED,
     HOLDS,
@@ -75,9 +76,7 @@ def plot(per_task: dict[str, tuple[list[list[float]], float | None]], path: Path
         ax.set_title(f"{task}: u (1 = DNAS, 0 = UNAS)", fontsize=9)
     axes[0][0].set_ylabel("u after training (dots: heads)")
     axes[0][0].legend(fontsize=7)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 def measure(plan, results, out_dir: Path):

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from attnlab.attention import attention_weights
+from attnlab.figures import save_png
 from attnlab.study.compare.probes import ContrastSpec
 from attnlab.study.evidence import ClaimResult, not_tested
 from attnlab.study.reproduce import probe_evidence
@@ -149,9 +150,7 @@ def plot_steps(trajectories: dict, path: Path) -> Path:
             ax.set_yticks([])
             ax.set_title(f"step {t}: {counts[t]} cluster{'s' if counts[t] != 1 else ''}", fontsize=8)
         row[0].set_ylabel(f"{scheme.upper()}\n{setting}", fontsize=8)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=90)
 
 
 def plot_one_d(rows: list[dict], path: Path) -> Path:
@@ -173,9 +172,7 @@ def plot_one_d(rows: list[dict], path: Path) -> Path:
     ax.set_ylabel("centre distance after one step / before")
     ax.set_title("1-D toy: closed form (lines) vs simulation (markers)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 # ----------------------------------------------------------------------------- the claim
