@@ -604,3 +604,16 @@ def test_inputs_that_are_not_split_into_heads_are_named():
             attend(*args, v, "unas")
     with pytest.raises(ConfigError, match=r"^v must be 4-D \(B, H, S, d\), got shape \(4, 6, 8\)"):
         attend(q, k, v[0], "unas")
+
+
+@pytest.mark.parametrize("k_shape", [(2, 3, 5, 4), (2, 2, 5, 6), (1, 2, 5, 4)],
+                         ids=["heads", "head_dim", "batch"])
+def test_q_and_k_of_other_shapes_are_refused_naming_both(k_shape):
+    """Any one of B, H or d differing is enough (not only all of them)."""
+    from attnlab.attention import attend
+
+    q, k = torch.zeros(2, 2, 3, 4), torch.zeros(k_shape)
+    v = torch.zeros(*k_shape[:3], 4)
+    with pytest.raises(ConfigError) as err:
+        attend(q, k, v, "unas")
+    assert str(err.value) == f"q (2, 2, 3, 4) and k {k_shape} must share B, H and head size d"
