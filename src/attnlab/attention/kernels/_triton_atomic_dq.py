@@ -29,14 +29,15 @@ from attnlab.attention.kernels._triton_configs import tuned
 from attnlab.attention.kernels._triton_kernels import (
     _PER_CALL,
     LOG2E,
-    _fold_keys,
+    _dnas_weights,
+    _key_block,
     _row_stats,
     _score_grads,
+    _unas_weights,
 )
 from attnlab.attention.kernels._triton_tiles import (
     _head,
     _keep,
-    _program,
     _rows,
     _store_tile,
     _tile,
@@ -52,26 +53,11 @@ def _backward_dv_dc(Q, K, V, G, C, U, CREF, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_
                     DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh, pid = _program(N, BLOCK_N)
-    b, h = bh // H, bh % H
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    bh, b, h, offs_n, offs_d, offs_dv, k, v, c, valid_k, u, cref, fold, bk = _key_block(
+        K, V, C, U, CREF, KPM, skb, skh, skn, svb, svh, svn, H, N, D, DV, HYBRID, HAS_KPM, CAST,
+        BLOCK_N, BLOCK_D, BLOCK_DV)
     qk_scale = scale * LOG2E
-    k = _tile(K, _head(b, h, skb, skh), offs_n, offs_d, skn, N, D, CAST)
-    v = _tile(V, _head(b, h, svb, svh), offs_n, offs_dv, svn, N, DV, CAST)
     q_head, g_head = _head(b, h, sqb, sqh), _head(b, h, sgb, sgh)
-    c = tl.load(_rows(C, bh, offs_n, N), mask=offs_n < N, other=0.0)
-    valid_k = _valid(KPM, b, offs_n, N, HAS_KPM)
-    u = 1.0
-    cref = 0.0
-    fold = False
-    bk = c
-    if HYBRID:
-        u = tl.load(U + bh)
-        cref = tl.load(CREF + bh)
-        fold = cref < float("inf")
-        bk = _fold_keys(c, cref, valid_k)
     acc_a = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)  # sum_i Pd~_ij dO_i
     acc_b = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)  # sum_i Pu~_ij dO_i (HNAS)
     weighted_delta = tl.zeros([BLOCK_N], tl.float32)  # sum_i Pd_ij D_i
@@ -82,9 +68,7 @@ def _backward_dv_dc(Q, K, V, G, C, U, CREF, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_
         rd, ru, dd, _, _, a = _row_stats(LSE_D, DELTA_D, LSE_U, DELTA_U, cref, fold, bh, offs_m, M,
                                          HYBRID)
         valid = _valid(QPM, b, offs_m, M, HAS_QPM)[:, None] & valid_k[None, :]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        # t clamped as in _forward; rd = +inf on empty rows gives Pd = 0
-        pd = tl.exp2(tl.where(valid, tl.minimum(s - c[None, :], 0.0) - rd[:, None], float("-inf")))
+        s, pd = _dnas_weights(q, k, c, rd, valid, qk_scale, PRECISION)
         weighted_delta += tl.sum(pd * dd[:, None], 0)
         pd_kept = pd
         kept = valid
@@ -93,10 +77,7 @@ def _backward_dv_dc(Q, K, V, G, C, U, CREF, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_
             pd_kept = tl.where(kept, pd * inv_keep, 0.0)
         acc_a += tl.dot(tl.trans(pd_kept).to(g.dtype), g, input_precision=PRECISION)
         if HYBRID:
-            if fold:
-                pu = pd * (a[:, None] * bk[None, :])
-            else:
-                pu = tl.exp2(tl.where(valid, s - ru[:, None], float("-inf")))
+            pu = _unas_weights(s, pd, a, bk, ru, fold, valid)
             if DROPOUT:
                 pu = tl.where(kept, pu * inv_keep, 0.0)
             acc_b += tl.dot(tl.trans(pu).to(g.dtype), g, input_precision=PRECISION)
@@ -116,28 +97,13 @@ def _backward_dk_dq(Q, K, V, G, C, DC, U, CREF, KPM, QPM, KEEP, LSE_D, LSE_U, DE
                     DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh, pid = _program(N, BLOCK_N)
-    b, h = bh // H, bh % H
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    bh, b, h, offs_n, offs_d, offs_dv, k, v, c, valid_k, u, cref, fold, bk = _key_block(
+        K, V, C, U, CREF, KPM, skb, skh, skn, svb, svh, svn, H, N, D, DV, HYBRID, HAS_KPM, CAST,
+        BLOCK_N, BLOCK_D, BLOCK_DV)
     qk_scale = scale * LOG2E
-    k = _tile(K, _head(b, h, skb, skh), offs_n, offs_d, skn, N, D, CAST)
-    v = _tile(V, _head(b, h, svb, svh), offs_n, offs_dv, svn, N, DV, CAST)
     q_head, g_head = _head(b, h, sqb, sqh), _head(b, h, sgb, sgh)
     dq_head = bh.to(tl.int64) * M * D  # DQ: contiguous float32 (B, H, S_q, d)
-    c = tl.load(_rows(C, bh, offs_n, N), mask=offs_n < N, other=0.0)
     dc = tl.load(_rows(DC, bh, offs_n, N), mask=offs_n < N, other=0.0)
-    valid_k = _valid(KPM, b, offs_n, N, HAS_KPM)
-    u = 1.0
-    cref = 0.0
-    fold = False
-    bk = c
-    if HYBRID:
-        u = tl.load(U + bh)
-        cref = tl.load(CREF + bh)
-        fold = cref < float("inf")
-        bk = _fold_keys(c, cref, valid_k)
     acc_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start in range(0, M, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)

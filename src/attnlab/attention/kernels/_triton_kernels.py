@@ -208,24 +208,66 @@ def _row_stats(LSE_D, DELTA_D, LSE_U, DELTA_U, cref, fold, bh, offs_m, M,
 
 
 @triton.jit
+def _key_block(K, V, C, U, CREF, KPM, skb, skh, skn, svb, svh, svn, H, N, D, DV,
+               HYBRID: tl.constexpr, HAS_KPM: tl.constexpr, CAST: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a backward program owning a block of keys holds throughout: (b * H + h, b, h, its
+    key rows, the d and d_v offsets, its k and v tiles, c, which keys are valid, and the head's
+    u, cref, fold and b_j; DNAS: u = 1, no fold)."""
+    bh, pid = _program(N, BLOCK_N)
+    b, h = bh // H, bh % H
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k = _tile(K, _head(b, h, skb, skh), offs_n, offs_d, skn, N, D, CAST)
+    v = _tile(V, _head(b, h, svb, svh), offs_n, offs_dv, svn, N, DV, CAST)
+    c = tl.load(_rows(C, bh, offs_n, N), mask=offs_n < N, other=0.0)
+    valid_k = _valid(KPM, b, offs_n, N, HAS_KPM)
+    u = 1.0
+    cref = 0.0
+    fold = False
+    bk = c
+    if HYBRID:
+        u = tl.load(U + bh)
+        cref = tl.load(CREF + bh)
+        fold = cref < float("inf")
+        bk = _fold_keys(c, cref, valid_k)
+    return bh, b, h, offs_n, offs_d, offs_dv, k, v, c, valid_k, u, cref, fold, bk
+
+
+@triton.jit
+def _dnas_weights(q, k, c, rd, valid, qk_scale, PRECISION: tl.constexpr):
+    """The scores s (log2 units) of a tile and Pd = 2^(t - rd), its one exponential; t clamped
+    as in _forward, and rd = +inf on empty rows gives Pd = 0."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    pd = tl.exp2(tl.where(valid, tl.minimum(s - c[None, :], 0.0) - rd[:, None], float("-inf")))
+    return s, pd
+
+
+@triton.jit
+def _unas_weights(s, pd, a, bk, ru, fold, valid):
+    """Pu: Pd a_i b_j where the head folds (csrc/fold.h), else its own exponential."""
+    if fold:
+        pu = pd * (a[:, None] * bk[None, :])
+    else:
+        pu = tl.exp2(tl.where(valid, s - ru[:, None], float("-inf")))
+    return pu
+
+
+@triton.jit
 def _score_grads(q, k, g, v, c, bk, rd, ru, dd, du, e, a, u, fold, valid, kept, qk_scale,
                  inv_keep, HYBRID: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """For one (queries x keys) tile: xi, the dropped mixed weights W~, the u-weighted DNAS score
     gradient dT and the score gradient dS of both branches (without the c term); one
     exponential (Pd) unless the head does not fold (then Pu has its own)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-    # t clamped as in _forward; rd = +inf on empty rows gives Pd = 0
-    pd = tl.exp2(tl.where(valid, tl.minimum(s - c[None, :], 0.0) - rd[:, None], float("-inf")))
+    s, pd = _dnas_weights(q, k, c, rd, valid, qk_scale, PRECISION)
     dp = tl.dot(g, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:
         dp = tl.where(kept, dp * inv_keep, 0.0)
     dt = pd * (dp - dd[:, None])
     xi = pd * e[:, None]  # exp(t): the column softmax times 2^rd
     if HYBRID:
-        if fold:
-            pu = pd * (a[:, None] * bk[None, :])
-        else:
-            pu = tl.exp2(tl.where(valid, s - ru[:, None], float("-inf")))
+        pu = _unas_weights(s, pd, a, bk, ru, fold, valid)
         w = u * pd + (1.0 - u) * pu
         dt = u * dt
         ds = dt + (1.0 - u) * pu * (dp - du[:, None])
@@ -245,26 +287,11 @@ def _backward_kv(Q, K, V, G, C, U, CREF, KPM, QPM, KEEP, LSE_D, LSE_U, DELTA_D, 
                  DROPOUT: tl.constexpr, HAS_KEEP: tl.constexpr, CAST: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh, pid = _program(N, BLOCK_N)
-    b, h = bh // H, bh % H
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    bh, b, h, offs_n, offs_d, offs_dv, k, v, c, valid_k, u, cref, fold, bk = _key_block(
+        K, V, C, U, CREF, KPM, skb, skh, skn, svb, svh, svn, H, N, D, DV, HYBRID, HAS_KPM, CAST,
+        BLOCK_N, BLOCK_D, BLOCK_DV)
     qk_scale = scale * LOG2E
-    k = _tile(K, _head(b, h, skb, skh), offs_n, offs_d, skn, N, D, CAST)
-    v = _tile(V, _head(b, h, svb, svh), offs_n, offs_dv, svn, N, DV, CAST)
     q_head, g_head = _head(b, h, sqb, sqh), _head(b, h, sgb, sgh)
-    c = tl.load(_rows(C, bh, offs_n, N), mask=offs_n < N, other=0.0)
-    valid_k = _valid(KPM, b, offs_n, N, HAS_KPM)
-    u = 1.0
-    cref = 0.0
-    fold = False
-    bk = c
-    if HYBRID:
-        u = tl.load(U + bh)
-        cref = tl.load(CREF + bh)
-        fold = cref < float("inf")
-        bk = _fold_keys(c, cref, valid_k)
     acc_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     acc_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i dS_ij q_i
     acc_qbar = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i xi_ij q_i
