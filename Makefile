@@ -40,7 +40,7 @@ test-gpu: install
 # the Triton kernels compiled for H100 (sm_90a) and A100 (sm_80) without a GPU: shared memory,
 # registers and spills of every tile the autotuner may choose, the markdown table of docs/gpu.md
 triton-compile: install
-	$(BIN)/python -m attnlab.attention.kernels.triton_offline --all $(TRITON_COMPILE_ARGS)
+	$(BIN)/python bench/triton_offline.py --all $(TRITON_COMPILE_ARGS)
 
 # what anyone with a GPU runs first, under 10 minutes: the gpu tests (bf16), a short CUDA bench and
 # a 5-step bf16 run of every task with every scheme it takes (tiny data), each step under its own

@@ -73,8 +73,9 @@ def _method(name: str, dtype: torch.dtype):
     """(q, k, v, u) -> out for `name`, running exactly the named kernel or raising."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attnlab.attention import paths
+    from attnlab.attention import cuda_table
     from attnlab.attention.functional import normalizer
+    from attnlab.attention.schemes import dnas
 
     if name == "sdpa_flash":
         backend = SDPBackend.FLASH_ATTENTION if dtype != torch.float32 else \
@@ -86,17 +87,17 @@ def _method(name: str, dtype: torch.dtype):
 
         return sdpa
     scheme, kernel = name.split("_")[:2]
-    path = {"triton": paths.QUERY_NORMALIZED_TRITON, "flex": paths.QUERY_NORMALIZED_FLEX}[kernel]
+    path = {"triton": dnas.TRITON, "flex": dnas.FLEX}[kernel]
 
     norm, _ = normalizer(scheme)  # built once, as a module holds it
 
     def run(q, k, v, u):
-        with paths.pinned_cuda_path(kernel):  # whatever the measured table says
-            out = path(norm, norm.call(q, k, v, u=u))
-        if out is None:
-            raise RuntimeError(f"the {kernel} path declined {scheme} in {dtype} on this machine "
-                               f"(attend would have fallen back): nothing of it to time")
-        return out
+        with cuda_table.pinned_cuda_path(kernel):  # whatever the measured table says
+            call = norm.call(q, k, v, u=u)
+            if not path.accepts(norm, call):
+                raise RuntimeError(f"the {kernel} path declined {scheme} in {dtype} on this machine "
+                                   f"(attend would have fallen back): nothing of it to time")
+            return path(norm, call)
 
     return run
 

@@ -377,6 +377,30 @@ def test_an_old_module_whose_task_has_no_nested_node_today_is_left_as_it_was(tmp
         checkpoints.upgrade_module_config(saved, tmp_path)
 
 
+def test_a_config_from_before_its_yaml_named_a_required_argument_gets_todays_value():
+    """headline's layer style was Seq2SeqTransformer's defaults until d1d4fbb put it in the YAML;
+    the class takes no default for it today (the YAML is its home), so an older run's config gets
+    it from today's conf/task/headline.yaml (the defaults it was built with). A complete config,
+    and what the saved one names, pass unchanged."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["task=headline", "model=hnas", "logger=none",
+                                          "paths.output_dir=/x/run"])
+    saved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    assert checkpoints.upgrade_module_config(saved, CONF) == saved
+    style = {"activation": "gelu", "layer_norm_eps": 1e-12, "positions": "learned", "lm_head": True,
+             "weight_init": "bert"}
+    for key in style:
+        del saved.task.module.net[key]
+    saved.task.module.net.d_model = 8  # the run's own value stays
+    old = OmegaConf.to_container(saved)
+    up = checkpoints.upgrade_module_config(saved, CONF)
+    assert {k: up.task.module.net[k] for k in style} == style
+    assert up.task.module.net.d_model == 8 and up.task.datamodule == saved.task.datamodule
+    assert OmegaConf.to_container(saved) == old  # the saved config itself is not changed
+
+
 def test_set_by_name_sets_own_and_injected_options_and_says_which():
     node = OmegaConf.create({
         "_target_": "M", "dropout": 0.1, "lr": 9, "head": {"size": 1},

@@ -11,15 +11,18 @@ or a checkpoint of another task or model into one ConfigError/DataError naming t
 
 Checkpoints and run configs written before the task modules took their network injected (commit
 a62c79e and earlier) still load: `upgrade_state_dict` moves the weights from `model.*` to `net.*`,
-and `upgrade_module_config` rebuilds a run's flat `task.module` node in today's nested layout.
+and `upgrade_module_config` rebuilds a run's flat `task.module` node in today's nested layout and
+gives an older config the arguments its task's classes no longer have defaults for.
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_object
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
@@ -140,7 +143,11 @@ def upgrade_module_config(saved: DictConfig, conf_dir: Path) -> DictConfig:
     option set from the old option of the same name (`lr` -> `optimizer.lr`, `d_model` ->
     `net.d_model`, ...), resolved against the old run's config. A `task.module.hybrid_lr` (the
     learning rate of HNAS's u before every scheme had `model.param_lr`) is dropped: evaluation
-    does not train. Today's configs pass unchanged."""
+    does not train. Then `fill_required_arguments`. Today's configs pass unchanged."""
+    return fill_required_arguments(_upgrade_flat_module(saved, conf_dir), conf_dir)
+
+
+def _upgrade_flat_module(saved: DictConfig, conf_dir: Path) -> DictConfig:
     module = OmegaConf.select(saved, "task.module")
     if module is not None and "hybrid_lr" in module:
         saved = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
@@ -157,6 +164,61 @@ def upgrade_module_config(saved: DictConfig, conf_dir: Path) -> DictConfig:
     upgraded.task.module = current
     upgraded.task.module = OmegaConf.create(OmegaConf.to_container(upgraded.task.module, resolve=True))
     return upgraded
+
+
+def fill_required_arguments(saved: DictConfig, conf_dir: Path) -> DictConfig:
+    """A run config from before its task's YAML named an argument that the task's classes take no
+    default for today (the YAML is the home of its value: headline's layer style, `activation`,
+    `positions`, ..., was the network's defaults until d1d4fbb): the argument from today's
+    conf/task/<name>.yaml, which is the value the run was built with. What the saved config
+    names, and every config that names all its classes' arguments, passes unchanged."""
+    path = Path(conf_dir) / "task" / f"{OmegaConf.select(saved, 'task.name')}.yaml"
+    if OmegaConf.select(saved, "task") is None or not path.is_file():
+        return saved
+    current = OmegaConf.select(OmegaConf.load(path), "task")
+    fills = {}
+    for key, node in _target_nodes(saved.task, "task"):
+        today = OmegaConf.select(current, key.partition(".")[2], default=None) if current else None
+        if not isinstance(today, DictConfig) or today.get("_target_") != node._target_:
+            continue
+        for name in _required_arguments(str(node._target_)):
+            if name not in node and name in today:
+                fills[f"{key}.{name}"] = today._get_node(name)._value()
+    if not fills:
+        return saved
+    filled = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
+    for key, value in fills.items():
+        OmegaConf.update(filled, key, value, merge=False)
+    return filled
+
+
+def _target_nodes(node, key: str):
+    """(key, node) of every `_target_` node under `node` (interpolations not followed)."""
+    if isinstance(node, DictConfig):
+        if "_target_" in node:
+            yield key, node
+        for name in node:
+            if not OmegaConf.is_interpolation(node, name):
+                yield from _target_nodes(node.get(name), f"{key}.{name}")
+
+
+def _required_arguments(target: str) -> set[str]:
+    """The named arguments without a default of a class (and of its bases where it passes
+    **kwargs on) or a function; none when it cannot be imported (building it will say why)."""
+    try:
+        obj = get_object(target)
+    except (ImportError, ValueError, AttributeError):
+        return set()
+    required: set[str] = set()
+    for owner in obj.__mro__ if isinstance(obj, type) else (obj,):
+        if isinstance(obj, type) and "__init__" not in vars(owner):
+            continue
+        params = inspect.signature(owner.__init__ if isinstance(obj, type) else owner).parameters
+        required |= {n for n, p in params.items() if n != "self" and p.default is p.empty
+                     and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return required
 
 
 def set_by_name(node: DictConfig, options: dict) -> set[str]:

@@ -1,12 +1,17 @@
-"""`python -m attnlab.docs` (`make docs`): regenerate the README's parts that the code decides.
+"""`python -m attnlab.docs` (`make docs`): regenerate the docs' parts that the code decides.
 
-Today one part: the model x task matrix between `<!-- matrix:begin -->` and `<!-- matrix:end -->`,
-a row per registered scheme, a column per task card, each cell asked of the code that decides it
-(`attnlab.runner.check_scheme_fits_task`, `AttentionSpec.for_decoder`). A new scheme or task
-changes it; `make docs` rewrites it and `tests/e2e/test_docs.py` fails until it is current.
+Two parts, each between its markers:
+- README.md, `<!-- matrix:begin -->` ... `<!-- matrix:end -->`: the model x task matrix, a row per
+  registered scheme, a column per task card, each cell asked of the code that decides it
+  (`attnlab.runner.check_scheme_fits_task`, `AttentionSpec.for_decoder`);
+- docs/attention.md, `<!-- routes:begin -->` ... `<!-- routes:end -->`: which kernel runs each
+  registered scheme on the CPU, a column per kind of call, each cell `route(call)` of a call of
+  that kind (tests/attention/test_routes.py checks that it is the kernel that runs).
+A new scheme or task changes them; `make docs` rewrites them and `tests/e2e/test_docs.py` fails
+until they are current.
 
-    python -m attnlab.docs            # rewrite README.md in place (says whether it changed)
-    python -m attnlab.docs --check    # exit 1 if README.md is stale, writing nothing
+    python -m attnlab.docs            # rewrite them in place (says whether each changed)
+    python -m attnlab.docs --check    # exit 1 if one is stale, writing nothing
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ from pathlib import Path
 from attnlab.cards import CONF_DIR
 
 README = CONF_DIR.parent / "README.md"
+ATTENTION_DOC = CONF_DIR.parent / "docs" / "attention.md"
 MATRIX_BEGIN, MATRIX_END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+ROUTES_BEGIN, ROUTES_END = "<!-- routes:begin -->", "<!-- routes:end -->"
+# the kinds of CPU call the routes table has a column for: (heading, padded, causal, dropout_p)
+CALL_KINDS = (("plain", False, False, 0.0), ("padding", True, False, 0.0),
+              ("causal", False, True, 0.0), ("causal, padding", True, True, 0.0),
+              ("padding, dropout", True, False, 0.1), ("causal, dropout", False, True, 0.1))
+ROUTE_LENGTH = 160  # above stick-breaking's one block (128 x 128 pairs), as task batches are
 
 
 def cell(scheme: str, card) -> str:
@@ -58,6 +70,53 @@ def matrix(conf_dir: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def route_call(scheme: str, padded: bool, causal: bool, dropout_p: float) -> tuple[tuple, dict]:
+    """The arguments of `attend` for a CPU call of this kind (the routes table's, and the test's
+    that runs it): (q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p), inputs."""
+    import torch
+
+    from attnlab.attention.schemes import NORMALIZERS
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, ROUTE_LENGTH, 16, generator=g) for _ in range(3))
+    mask = torch.zeros(2, ROUTE_LENGTH, dtype=torch.bool)
+    mask[1, -3:] = True
+    masks = (mask, mask) if padded else (None, None)
+    inputs = {"u": 0.5} if "u" in NORMALIZERS[scheme].input_names else {}
+    return (q, k, v, *masks, causal, dropout_p), inputs
+
+
+def route_cell(scheme: str, padded: bool, causal: bool, dropout_p: float) -> str:
+    """The kernel that runs `scheme` (its default options) on a CPU call of this kind: the
+    name `route` gives, "refused" where the scheme does not take such a call, "materialized"
+    for a transform or a head scheme (its logits or maps, then the normalization's reference)."""
+    from attnlab.attention import AttentionSpec
+    from attnlab.attention.functional import route
+    from attnlab.attention.schemes import NORMALIZERS
+    from attnlab.errors import ConfigError
+
+    if scheme not in NORMALIZERS:
+        refused = AttentionSpec.from_config(scheme).causal_only and not causal
+        return "refused" if refused else "materialized"
+    args, inputs = route_call(scheme, padded, causal, dropout_p)
+    try:
+        return route(*args[:3], scheme, *args[3:], **inputs)
+    except ConfigError:
+        return "refused"
+
+
+def routes() -> str:
+    """docs/attention.md's table: a row per registered scheme, a column per kind of CPU call."""
+    from attnlab.attention import names
+
+    lines = ["| scheme | " + " | ".join(kind[0] for kind in CALL_KINDS) + " |",
+             "|---|" + "---|" * len(CALL_KINDS)]
+    for scheme in names():
+        cells = " | ".join(f"`{route_cell(scheme, *kind[1:])}`" for kind in CALL_KINDS)
+        lines.append(f"| `{scheme}` | {cells} |")
+    return "\n".join(lines)
+
+
 def between(text: str, begin: str, end: str) -> str:
     """The text between two markers, stripped."""
     return text[text.index(begin) + len(begin): text.index(end)].strip()
@@ -65,40 +124,51 @@ def between(text: str, begin: str, end: str) -> str:
 
 def render(text: str, conf_dir: Path | None = None) -> str:
     """`text` (the README) with the generated matrix between its markers."""
-    if MATRIX_BEGIN not in text or MATRIX_END not in text:
-        raise SystemExit(f"README.md lacks the markers {MATRIX_BEGIN} ... {MATRIX_END}")
-    head, rest = text.split(MATRIX_BEGIN, 1)
-    _, tail = rest.split(MATRIX_END, 1)
-    return f"{head}{MATRIX_BEGIN}\n{matrix(conf_dir)}\n{MATRIX_END}{tail}"
+    return replaced(text, MATRIX_BEGIN, MATRIX_END, matrix(conf_dir))
+
+
+def replaced(text: str, begin: str, end: str, content: str) -> str:
+    """`text` with `content` between its markers `begin` and `end`."""
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{content}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnlab.docs", description=__doc__.splitlines()[0])
     parser.add_argument("--readme", type=Path, default=README, help="the README to update")
-    parser.add_argument("--check", action="store_true", help="exit 1 if it is stale; write nothing")
+    parser.add_argument("--attention-doc", type=Path, default=ATTENTION_DOC,
+                        help="docs/attention.md, whose routes table to update")
+    parser.add_argument("--check", action="store_true", help="exit 1 if one is stale; write nothing")
     args = parser.parse_args(argv)
-    try:
-        text = args.readme.read_text()
-    except OSError as err:  # a missing file or a folder: one line, not a traceback
-        print(f"error: --readme {args.readme}: {err.strerror}; give the README, e.g. --readme README.md",
-              file=sys.stderr)
-        return 2
-    if MATRIX_BEGIN not in text or MATRIX_END not in text:
-        print(f"error: --readme {args.readme} lacks the markers {MATRIX_BEGIN} ... {MATRIX_END} the "
-              f"matrix goes between; give the README, e.g. --readme README.md", file=sys.stderr)
-        return 2
-    new = render(text)
-    if new == text:
-        print(f"{args.readme}: the model x task matrix is current")
-        return 0
-    if args.check:
-        print(f"{args.readme}: the model x task matrix is stale; run `make docs`")
-        return 1
-    from attnlab.files import atomic_write_text
+    parts = [(args.readme, "--readme", MATRIX_BEGIN, MATRIX_END, "the model x task matrix", matrix,
+              "the README", "README.md"),
+             (args.attention_doc, "--attention-doc", ROUTES_BEGIN, ROUTES_END, "the routes table",
+              routes, "the attention page", "docs/attention.md")]
+    status = 0
+    for path, option, begin, end, what, generate, page, example in parts:
+        try:
+            text = path.read_text()
+        except OSError as err:  # a missing file or a folder: one line, not a traceback
+            print(f"error: {option} {path}: {err.strerror}; give {page}, e.g. {option} {example}",
+                  file=sys.stderr)
+            return 2
+        if begin not in text or end not in text:
+            print(f"error: {option} {path} lacks the markers {begin} ... {end} {what} goes "
+                  f"between; give {page}, e.g. {option} {example}", file=sys.stderr)
+            return 2
+        new = replaced(text, begin, end, generate())
+        if new == text:
+            print(f"{path}: {what} is current")
+        elif args.check:
+            print(f"{path}: {what} is stale; run `make docs`")
+            status = 1
+        else:
+            from attnlab.files import atomic_write_text
 
-    atomic_write_text(args.readme, new)
-    print(f"{args.readme}: the model x task matrix regenerated")
-    return 0
+            atomic_write_text(path, new)
+            print(f"{path}: {what} regenerated")
+    return status
 
 
 if __name__ == "__main__":

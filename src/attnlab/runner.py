@@ -2,12 +2,12 @@
 
 The task config names a LightningDataModule and a LightningModule (`task.datamodule`,
 `task.module`); sizes that only the data know (vocabulary, number of answers) come from
-`datamodule.model_kwargs()`. Everything else is `hydra.utils.instantiate`.
+`datamodule.model_kwargs()`. Everything else is `hydra.utils.instantiate`. The record a run or
+a sweep's job writes (metrics.json) and the summary it prints: attnlab.run_record.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -19,7 +19,6 @@ from typing import Any
 
 import hydra
 import pytorch_lightning as pl
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
@@ -27,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from attnlab import checkpoints, logger_guard, wandb_runs
-from attnlab.attention import AttentionSpec, scheme_values
+from attnlab.attention import AttentionSpec
 from attnlab.attention.schemes import fitting
 from attnlab.callbacks import AfterTestAnalysis
 from attnlab.cards import CONF_DIR
@@ -41,8 +40,14 @@ from attnlab.errors import (
     trainer_key,
     user_error_message,
 )
-from attnlab.files import atomic_write_text
-from attnlab.fsdp import full_parameters
+from attnlab.run_record import (
+    job_record,
+    print_summary,
+    scheme_params,
+    to_float_dict,
+    wandb_run_info,
+    write_json,
+)
 from attnlab.study.evidence import METRICS_FILE
 from attnlab.task_module import build_module
 
@@ -133,25 +138,6 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     return str(found[-1])
 
 
-def scheme_params(module: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
-    """metrics.json's `scheme_params`: what the schemes report of their own parameters,
-    {"hnas_u": {layer: [u per head]}, "sink_b": {...}}, rounded for reading."""
-    with full_parameters(module):  # under FSDP each rank holds a shard of them
-        reported = scheme_values(module)
-    return {key: {layer: [round(float(x), 4) for x in values] for layer, values in layers.items()}
-            for key, layers in reported.items()}
-
-
-def wandb_run_info(loggers) -> dict:
-    logger = wandb_runs.wandb_logger(loggers)
-    if logger is None:
-        return {}
-    run = logger.experiment
-    run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
-    return {"wandb_run": f"{run.project}/{run.id}", "wandb_dir": str(run_dir),
-            "wandb_offline": bool(getattr(run.settings, "_offline", True))}
-
-
 def finish_wandb() -> None:
     """Close the W&B run so that the next multirun job starts its own."""
     try:
@@ -161,43 +147,6 @@ def finish_wandb() -> None:
             wandb.finish()
     except Exception as exc:  # noqa: BLE001 - never fail a run over logging shutdown
         print(f"[attnlab] wandb.finish failed: {exc}")
-
-
-def to_float_dict(metrics: dict) -> dict[str, float]:
-    out = {}
-    for k, v in metrics.items():
-        try:
-            out[k] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def write_json(path: Path, data: dict) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))  # the report may be reading it
-
-
-def print_summary(title: str, record: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for k, v in sorted(record.get("metrics", {}).items()):
-        if k.startswith(("test/", "val/")):
-            table.add_row(k, f"{v:.4f}")
-    console = Console()
-    console.print(table)
-    for key, layers in record.get("scheme_params", {}).items():
-        for name, values in layers.items():
-            console.print(f"{key}  {name}: {values}")
-    console.print(f"run dir: {record['run_dir']}")
-    if "wandb_run" in record:
-        mode = "offline" if record.get("wandb_offline", True) else "online"
-        console.print(f"W&B run ({mode}): {record['wandb_run']}  dir: {record['wandb_dir']}")
-        if record.get("wandb_offline", True):  # every fragment of a resumed run, into one run
-            console.print(f"  upload with: python -m attnlab.sync {record['run_dir']}")
 
 
 # ----------------------------------------------------------------------------- train
@@ -297,14 +246,6 @@ def train(cfg: DictConfig) -> dict:
         print_summary(f"{cfg.task.name} / {cfg.model.name} / seed {cfg.seed}", record)
     finish_wandb()
     return record
-
-
-def job_record(cfg: DictConfig, status: str, **extra) -> dict:
-    return {
-        "status": status, "task": cfg.task.name, "model": cfg.model.name, "seed": int(cfg.seed),
-        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
-        "metrics": {}, **extra,
-    }
 
 
 def run_job(fn, cfg: DictConfig) -> float | None:

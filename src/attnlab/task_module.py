@@ -7,8 +7,8 @@
         optimizer:    {_target_: torch.optim.AdamW, _partial_: true, lr: 1.0e-3, weight_decay: 0.01}
         scheduler:    {_target_: tasks.common.optim.linear_schedule, _partial_: true, warmup: 0.05}  # or null
 
-The schemes' own parameters (HNAS's u, a sink's b) train at their scheme's `model.param_lr`
-(a task's default: `task.param_lr`), without weight decay (`parameter_groups`).
+The schemes' own parameters (HNAS's u, a sink's b: what any scheme module holds directly) train
+at their scheme's `model.param_lr`, without weight decay (`parameter_groups`).
 
 The runner instantiates it with `build_module(cfg.task.module, datamodule.model_kwargs())`: the
 sizes only the data know go into the nodes that take them (a nested `{"net": {...}}` as given; a
@@ -38,8 +38,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from attnlab.attention import Normalizer
-from attnlab.attention.schemes import HeadScheme, named_scheme_modules
+from attnlab.attention.schemes import named_scheme_modules
 from attnlab.checkpoints import upgrade_state_dict
 from attnlab.errors import ConfigError, DataError
 from attnlab.fsdp import built_dims, clip_grad_norm
@@ -120,14 +119,16 @@ class TaskModule(pl.LightningModule):
 
 def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
                      dims: Mapping[int, int] | None = None) -> list[dict]:
-    """Optimizer groups: decayed matrices, undecayed vectors (biases, norms), and the schemes' own
-    parameters (HNAS's u logits, a sink's b: the parameters of every `Normalizer` inside `model`,
-    found by type) without decay, one group per scheme learning rate: the scheme's `param_lr`
-    (`model.param_lr`; None: `lr`, or the optimizer's when that is None too).
+    """Optimizer groups, one rule for every parameter: the schemes' own parameters (those every
+    scheme module holds directly, whatever its kind: HNAS's u logits, a sink's b, diff's lambda
+    vectors; `SchemeModule.scheme_parameters`) without decay, one group per scheme learning rate
+    (the scheme's `param_lr`, `model.param_lr`; None: `lr`, or the optimizer's when that is None
+    too); every other parameter decayed iff it is a matrix (>= 2-D, nanoGPT's rule: biases and
+    norms are not).
 
-    No decay on them: it would pull u towards 0.5 (a sink's b towards 0) and bias the scheme.
-    A larger param_lr gives these few parameters room to move in a short run: Adam moves a
-    parameter by at most about lr per step whatever its gradient's scale, so at lr 1e-3 with
+    No decay on the schemes' own: it would pull u towards 0.5 (a sink's b towards 0) and bias the
+    scheme. A larger param_lr gives these few parameters room to move in a short run: Adam moves
+    a parameter by at most about lr per step whatever its gradient's scale, so at lr 1e-3 with
     warmup and decay a logit moves < 0.3 in a 500-step CPU run, while the paper's 125k steps allow
     ~100.
 
@@ -136,10 +137,9 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = N
     """
     by_rate: dict[float | None, list[nn.Parameter]] = {}
     for _, module in named_scheme_modules(model):
-        if isinstance(module, (Normalizer, HeadScheme)):  # a head scheme: its lambdas (diff)
-            rate = lr if module.param_lr is None else module.param_lr
-            own = module.parameters() if isinstance(module, Normalizer) else module.scheme_parameters()
-            by_rate.setdefault(rate, []).extend(p for p in own if p.requires_grad)
+        own = [p for p in module.scheme_parameters() if p.requires_grad]
+        if own:
+            by_rate.setdefault(lr if module.param_lr is None else module.param_lr, []).extend(own)
     ids = {id(p) for params in by_rate.values() for p in params}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     matrix = {id(p) for p in rest if (dims or {}).get(id(p), p.dim()) >= 2}

@@ -29,27 +29,30 @@ from tasks.common.datamodule import SplitsDataModule, seeded_subset
 
 
 class ClassifyDataModule(SplitsDataModule):
+    # keyword-only; the defaults are conf/task/classify.yaml's, and what the run gives it (the
+    # data folder, the cache, the seed) has none (tests/tasks/test_config_homes.py)
     def __init__(
         self,
+        *,
         source: str = "debian",
         data_dir: str | None = None,
-        debian_dir: str = "data/debian_sections",
+        debian_dir: str,
         min_examples: int = 500,
         fractions: Sequence[float] = corpus_lib.DEFAULT_FRACTIONS,
         header: str = "auto",
         tokenizer: str = "wordpiece",
-        max_length: int = 128,
+        max_length: int = 64,
         max_vocab_size: int = 30000,
         min_frequency: int = 2,
-        max_train_examples: int | None = None,
-        max_eval_examples: int | None = None,
+        max_train_examples: int | None = 10000,
+        max_eval_examples: int | None = 2000,
         subset_seed: int = 0,
         batch_size: int = 32,
         eval_batch_size: int = 64,
         group_by_length: bool = True,
         num_workers: int = 0,
-        seed: int | None = None,
-        cache_dir: str | None = None,
+        seed: int | None,
+        cache_dir: str | None,
     ) -> None:
         super().__init__(collate, batch_size, eval_batch_size, num_workers, seed)
         self.save_hyperparameters()

@@ -93,11 +93,13 @@ class SelfAttentiveClassifier(nn.Module):
     """`attention`: the `model=` config (the hops' scheme, and the Transformer layers'); the sizes
     only the data know (vocab_size, num_classes, pad_id, pair, max_length) from the datamodule."""
 
+    # the defaults are conf/task/classify.yaml's (tests/tasks/test_config_homes.py); Lin et al.'s
+    # sizes are experiment=classify_lin2017
     def __init__(self, attention: AttentionSpec | dict | str, vocab_size: int, num_classes: int, pad_id: int = 0,
-                 pair: bool = False, max_length: int = 128, encoder: str = "lstm", embed_dim: int = 300,
-                 hidden_dim: int = 300, lstm_layers: int = 1, d_model: int = 256, nhead: int = 4,
-                 num_layers: int = 2, dim_feedforward: int = 1024, hops: int = 30, attention_unit: int = 350,
-                 hop_heads: int = 1, fc_dim: int = 3000, activation: str = "relu", dropout: float = 0.5,
+                 pair: bool = False, max_length: int = 128, encoder: str = "lstm", embed_dim: int = 64,
+                 hidden_dim: int = 64, lstm_layers: int = 1, d_model: int = 128, nhead: int = 4,
+                 num_layers: int = 2, dim_feedforward: int = 256, hops: int = 8, attention_unit: int = 64,
+                 hop_heads: int = 1, fc_dim: int = 256, activation: str = "relu", dropout: float = 0.3,
                  pretrained_layers: int | None = None) -> None:
         super().__init__()
         spec = AttentionSpec.from_config(attention)

@@ -57,11 +57,11 @@ class ClassifyModule(TaskModule):
         self,
         net: SelfAttentiveClassifier,
         optimizer: Callable[..., Any],
-        scheduler: Callable | None = None,
+        scheduler: Callable | None,
         label_names: list[str] | None = None,
         penalty: float = 0.0,
         heatmap_max_tokens: int = 40,
-        pretrained_lr: float | None = None,
+        pretrained_lr: float | None = 1.0e-4,
         majority_label: int | None = None,
     ) -> None:
         super().__init__(net, optimizer, scheduler)

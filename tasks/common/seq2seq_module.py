@@ -53,15 +53,16 @@ class Seq2SeqModule(TaskModule):
         self,
         net: Seq2SeqTransformer,
         optimizer: Callable[..., Any],
-        scheduler: Callable | None = None,
+        scheduler: Callable | None,
         *,
         bos_id: int,  # the special tokens' ids: datamodule.model_kwargs()
         eos_id: int,
         unk_id: int | None = None,
         label_smoothing: float = 0.1,
-        val_decode_batches: int = 2,
-        beam_size: int = 4,
-        length_penalty: float = 0.6,
+        # no defaults where headline and mt differ: each task's YAML is their home
+        val_decode_batches: int,
+        beam_size: int,
+        length_penalty: float,
         predictions_file: str = "predictions.tsv",
     ) -> None:
         super().__init__(net, optimizer, scheduler)

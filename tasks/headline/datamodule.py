@@ -23,11 +23,14 @@ _GIGAWORD_SPLIT = {"train": "train", "val": "valid", "test": "test"}
 
 
 class HeadlineDataModule(EncodedSplitsDataModule):
+    # keyword-only; the defaults are conf/task/headline.yaml's, and the data folders (the run's
+    # paths.data_dir) have none (tests/tasks/test_config_homes.py)
     def __init__(
         self,
+        *,
         source: str = "debian",
-        debian_dir: str = "data/debian",
-        pairs_dir: str = "data/headline/debian",
+        debian_dir: str,
+        pairs_dir: str,
         gigaword_dir: str | None = None,
         translation_files: Sequence[str] | None = None,
         min_words: int = 10,
@@ -35,7 +38,7 @@ class HeadlineDataModule(EncodedSplitsDataModule):
         split_fractions: Sequence[float] = pairs.DEFAULT_FRACTIONS,
         max_source_length: int = 128,
         max_target_length: int = 64,
-        max_train_examples: int | None = None,
+        max_train_examples: int | None = 9600,
         max_val_examples: int | None = None,
         max_test_examples: int | None = None,
         batch_size: int = 32,

@@ -40,7 +40,7 @@ class HeadlineModule(Seq2SeqModule):
     predictions_header = ("source", "reference", "prediction")
     progress_score = "rougeL"
 
-    def __init__(self, *args, max_decode_length: int = 32, lead_words: int = 8,
+    def __init__(self, *args, max_decode_length: int = 20, lead_words: int = 8,
                  unk_id: int = UNK_ID, **options) -> None:
         super().__init__(*args, unk_id=unk_id, **options)
         self.lead_scores = RougeF1()  # the lead baseline on the same test examples

@@ -42,22 +42,25 @@ _ENCODE_CHUNK = 10_000  # segments per encode_batch call: bounded memory on Wiki
 
 
 class LMDataModule(SplitsDataModule):
+    # keyword-only; the defaults are conf/task/lm.yaml's, and what the run gives it (the data
+    # folder, the cache, the seed) or the YAML alone decides has none (test_config_homes.py)
     def __init__(
         self,
+        *,
         source: str = "debian",
         data_dir: str | None = None,
-        debian_dir: str = "data/debian",
+        debian_dir: str,
         files: Sequence[str] | None = None,
         fractions: Sequence[float] = debian.DEFAULT_FRACTIONS,
         vocab: str | None = None,
         min_count: int = 1,
         block_size: int = 128,
-        eval_stride: int | None = None,
+        eval_stride: int | None,
         batch_size: int = 16,
-        eval_batch_size: int | None = None,
+        eval_batch_size: int | None,
         num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
+        seed: int,
+        cache_dir: str | None,
     ) -> None:
         # the collate function pads with the vocabulary's [PAD], known below
         super().__init__(None, batch_size, eval_batch_size, num_workers, seed)

@@ -59,13 +59,14 @@ class LMModule(TaskModule):
         self,
         net: TransformerLM,
         optimizer: Callable[..., Any],
-        scheduler: Callable | None = None,
+        scheduler: Callable | None,
+        *,
         sample_prompts: int = 4,
         prompt_length: int = 16,
         sample_length: int = 32,
         top_k: int = 10,
         temperature: float = 1.0,
-        sample_seed: int = 0,
+        sample_seed: int,  # the run's seed (conf/task/lm.yaml)
         predictions_file: str = "predictions.txt",
     ) -> None:
         super().__init__(net, optimizer, scheduler)

@@ -132,19 +132,22 @@ class MLMDataModule(SplitsDataModule):
                                       and 0 < v < 1, "a number in (0, 1)", "0.15"),
                     "max_ngram": Rule(POSITIVE_INT.ok, "an integer >= 1", "3")}
 
+    # keyword-only; the defaults are conf/task/mlm.yaml's, and what the run gives it (the data
+    # folder, the seed) has none (tests/tasks/test_config_homes.py)
     def __init__(
         self,
-        data_dir: str = "data/debian",
+        *,
+        data_dir: str,
         files: Sequence[str] | None = None,
         fractions: Sequence[float] = debian.DEFAULT_FRACTIONS,
-        max_length: int = 128,
+        max_length: int = 64,
         pack: bool = True,
         min_words: int = 3,
         max_train_examples: int | None = None,
         max_eval_examples: int | None = None,
-        batch_size: int = 32,
+        batch_size: int = 16,
         num_workers: int = 0,
-        seed: int = 42,
+        seed: int,
         mask_rate: float = 0.15,
         max_ngram: int = 3,
     ) -> None:

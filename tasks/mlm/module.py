@@ -28,7 +28,7 @@ class MLMModule(TaskModule):
     """The encoder (`tasks.mlm.model.BertForMLM`, task.module.net), the optimizer (AdamW, or LAMB
     as the paper) and BERT's warmup + linear decay come injected."""
 
-    def __init__(self, net: BertForMLM, optimizer: Callable[..., Any], scheduler: Callable | None = None,
+    def __init__(self, net: BertForMLM, optimizer: Callable[..., Any], scheduler: Callable | None,
                  unigram_id: int | None = None) -> None:
         super().__init__(net, optimizer, scheduler)
         # the datamodule's most frequent training word piece (None: no baseline, e.g. an old

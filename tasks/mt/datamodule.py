@@ -26,16 +26,19 @@ SOURCES = ("debian", "files")
 
 
 class TranslationDataModule(EncodedSplitsDataModule):
+    # keyword-only; the defaults are conf/task/mt.yaml's, and the data folders (the run's
+    # paths.data_dir) have none (tests/tasks/test_config_homes.py)
     def __init__(
         self,
+        *,
         source: str = "debian",
         src: str = "de",
         tgt: str = "en",
         data_dir: str | None = None,
         # source=debian: where the pairs are built, and the apt dirs of the two languages
-        pairs_dir: str = "data/mt/debian-de-en",
-        english_dir: str = "data/debian",
-        german_dir: str = "data/debian-de",
+        pairs_dir: str,
+        english_dir: str,
+        german_dir: str,
         english_files: Sequence[str] | None = None,
         german_files: Sequence[str] | None = None,
         split_fractions: Sequence[float] = debian_pairs.DEFAULT_FRACTIONS,
@@ -45,14 +48,14 @@ class TranslationDataModule(EncodedSplitsDataModule):
         sentences: bool = True,
         # source=files: the subword marker of fairseq-prepared text, removed on reading
         bpe_marker: str | None = "@@ ",
-        tokenizer_dir: str = "data/mt/tokenizers",
+        tokenizer_dir: str,
         vocab_size: int = 8000,
         min_frequency: int = 2,
         max_source_length: int = 128,
         max_target_length: int = 128,
         max_train_examples: int | None = None,
         max_val_examples: int | None = None,
-        max_test_examples: int | None = None,
+        max_test_examples: int | None = 500,
         batch_size: int = 64,
         eval_batch_size: int = 128,
         num_workers: int = 0,

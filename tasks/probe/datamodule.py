@@ -1,6 +1,6 @@
 """`ProbeDataModule`: a probe's train / val / test splits, generated from a seed, no download.
 
-One call of the probe's generator (`tasks.probe.GENERATORS[probe]`, with `options`) draws
+One call of the probe's generator (`tasks.probe.generators.generator(probe)`, with `options`) draws
 `n_train + n_val + n_test` examples and cuts them in that order, so the splits never share an
 example (ListOps: no expression twice in the whole set). `data_seed` (the run's seed by
 default, so that a seed sweep measures data and training variance together; runs of different
@@ -34,8 +34,8 @@ from torch import Tensor
 
 from attnlab.errors import ConfigError
 from tasks.common.datamodule import SplitsDataModule
-from tasks.probe import GENERATORS
 from tasks.probe.data import IGNORE, REGRESSION, ProbeData, score
+from tasks.probe.generators import generator
 
 SPLITS = ("train", "val", "test")
 
@@ -104,20 +104,21 @@ class ProbeDataModule(SplitsDataModule):
     def __init__(
         self,
         probe: str,
-        options: Mapping | None = None,
-        n_train: int = 4096,
-        n_val: int = 512,
-        n_test: int = 1024,
-        data_seed: int = 0,
-        batch_size: int = 64,
+        options: Mapping | None,
+        *,
+        # the probe's (conf/task/probe.yaml reads them from `probe.*`, which each probe may set)
+        # and the run's seed: no defaults here (tests/tasks/test_config_homes.py)
+        n_train: int,
+        n_val: int,
+        n_test: int,
+        data_seed: int,
+        batch_size: int,
         eval_batch_size: int | None = 256,
         num_workers: int = 0,
-        seed: int | None = None,
+        seed: int | None,
     ) -> None:
         super().__init__(batch_as_is, batch_size, eval_batch_size, num_workers, seed)
-        if probe not in GENERATORS:
-            raise ConfigError(f"probe.generator={probe!r} is not a probe generator; use one of "
-                              f"{', '.join(GENERATORS)} (tasks/probe/__init__.py)")
+        generator(probe)  # a name no generator module has: a ConfigError listing them
         self.probe = probe
         self.options = dict(options or {})
         self.sizes = {"train": int(n_train), "val": int(n_val), "test": int(n_test)}
@@ -134,7 +135,7 @@ class ProbeDataModule(SplitsDataModule):
         if self.data is not None:
             return
         try:
-            self.data = GENERATORS[self.probe](sum(self.sizes.values()), self.data_seed, **self.options)
+            self.data = generator(self.probe)(sum(self.sizes.values()), self.data_seed, **self.options)
         except (TypeError, ValueError) as err:  # an unknown or impossible option: the user's
             raise ConfigError(f"probe.options of {self.probe}: {err}") from None
         if self.data.target_kind == REGRESSION:

@@ -30,11 +30,13 @@ class ProbeEncoder(nn.Module):
         seq_len: int,
         vocab_size: int = 0,
         input_dim: int = 0,
-        attention: AttentionSpec | dict | str = "unas",
-        d_model: int = 64,
-        nhead: int = 2,
-        num_layers: int = 2,
-        dim_feedforward: int = 128,
+        *,
+        # the run's scheme and the probe's sizes (conf/task/probe.yaml: `probe.net`): no defaults
+        attention: AttentionSpec | dict | str,
+        d_model: int,
+        nhead: int,
+        num_layers: int,
+        dim_feedforward: int,
         dropout: float = 0.0,
         token_shift: bool = True,
     ) -> None:

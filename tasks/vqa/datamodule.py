@@ -46,14 +46,17 @@ class VQADataModule(SplitsDataModule):
     option_rules: ClassVar[dict[str, Rule]] = {"max_boxes": Rule(POSITIVE_INT.ok, "an integer >= 1 (boxes kept per view)", "100"),
                     "answer_vocab_size": Rule(POSITIVE_INT.ok, "an integer >= 1", "3000")}
 
+    # keyword-only after data_dir; the defaults are conf/task/vqa.yaml's, and the generator's and
+    # VQA-v2's options (task.synthetic, task.vqav2: their home) have none (test_config_homes.py)
     def __init__(
         self,
         data_dir: str,
+        *,
         source: str = "synthetic",
-        synthetic: dict | None = None,
-        vqav2: dict | None = None,
+        synthetic: dict | None,
+        vqav2: dict | None,
         batch_size: int = 128,
-        eval_batch_size: int | None = None,
+        eval_batch_size: int | None,
         num_workers: int = 0,
         max_question_length: int = 20,
         answer_vocab_size: int = 3000,

@@ -186,7 +186,7 @@ class VQAModel(nn.Module):
         fusion: str = "attention",
         primary_view: int = 0,
         fusion_heads: int = 1,
-        fusion_dropout: float = 0.1,
+        fusion_dropout: float = 0.0,
         fusion_init: str = "similarity",
         fusion_init_scale: float = 1.0,
         embed_dim: int = 64,
@@ -195,7 +195,7 @@ class VQAModel(nn.Module):
         glimpses: int = 2,
         rnn: str = "gru",
         bidirectional: bool = True,
-        dropout: float = 0.2,
+        dropout: float = 0.1,
     ) -> None:
         super().__init__()
         if fusion not in FUSIONS:

@@ -77,10 +77,11 @@ SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class SyntheticParams:
+    # the fields conf/task/vqa.yaml's task.synthetic lists have its values as defaults
     seed: int = 0
-    n_train_images: int = 3000
+    n_train_images: int = 6000
     n_val_images: int = 500
-    n_test_images: int = 500
+    n_test_images: int = 1000
     questions_per_image: int = 8
     max_boxes: int = 100
     feature_dim: int = 48
@@ -98,7 +99,7 @@ class SyntheticParams:
     attribute_noise: float = 0.5
     feature_noise: float = 0.1
     view_perturbation: float = 0.3  # how far each view's extractor is from the shared one
-    annotator_noise: float = 0.15  # mean share of annotators answering wrongly
+    annotator_noise: float = 0.1  # mean share of annotators answering wrongly
     # Every secondary detector also finds what the primary one finds: the objects it sees and the
     # same background regions, so each primary box has a near-duplicate in every secondary view
     # and the boxes of objects the primary view misses are nobody's best match (`draw_background`).

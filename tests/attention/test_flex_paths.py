@@ -14,9 +14,10 @@ from helpers.kernel_cases import leaf, out_and_grads, padded_problem, reference_
 from torch import nn
 
 from attnlab.attention import attend, cuda_table, paths
-from attnlab.attention.functional import normalizer, route
+from attnlab.attention.functional import candidates, normalizer, route
 from attnlab.attention.kernels import flex, triton_ops, triton_query_normalized
 from attnlab.attention.reference import masked_logits
+from attnlab.attention.schemes import dnas, sigmoid
 from attnlab.errors import ConfigError
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -208,26 +209,26 @@ def choices(monkeypatch, tmp_path):
     """Points the dispatcher at a choice table of the test's own; returns a writer."""
     file = tmp_path / "cuda_choices.json"
     monkeypatch.setattr(cuda_table, "CUDA_CHOICES_FILE", file)
-    paths.cuda_choices.cache_clear()
+    cuda_table.cuda_choices.cache_clear()
 
     def write(table: dict | str):
         file.write_text(table if isinstance(table, str) else json.dumps({"choices": table}))
-        paths.cuda_choices.cache_clear()
+        cuda_table.cuda_choices.cache_clear()
 
     yield write
-    paths.cuda_choices.cache_clear()
+    cuda_table.cuda_choices.cache_clear()
 
 
 def test_route_lists_flex_on_cuda_only_without_dropout(as_cuda):
     for scheme in ("dnas", "hnas"):
-        assert route(scheme, "cuda", BF16, u=0.5) == ["triton", "flex", "reference"]
-        assert route(scheme, "cuda", BF16, 0.1, u=0.5) == ["triton", "reference"]
+        assert candidates(scheme, "cuda", BF16, u=0.5) == ["triton", "flex", "reference"]
+        assert candidates(scheme, "cuda", BF16, 0.1, u=0.5) == ["triton", "reference"]
     # (the CPU keeps its kernels: eager FlexAttention is slower there and has no backward)
-    assert not paths.QUERY_NORMALIZED_FLEX.supports(None, "cpu", F32, 0.0, False)
-    assert route("sinkhorn", "cuda", F32, n_iter=4) == ["flex", "reference"]
-    assert route("sinkhorn", "cuda", F32, n_iter=1) == route("dnas", "cuda", F32)
-    assert route("hnas", "cuda", torch.float64) == ["reference"]
-    assert route("entmax", "cuda", BF16) == ["reference"]
+    assert not dnas.FLEX.supports(None, "cpu", F32, 0.0, False)
+    assert candidates("sinkhorn", "cuda", F32, n_iter=4) == ["flex", "reference"]
+    assert candidates("sinkhorn", "cuda", F32, n_iter=1) == candidates("dnas", "cuda", F32)
+    assert candidates("hnas", "cuda", torch.float64) == ["reference"]
+    assert candidates("entmax", "cuda", BF16) == ["reference"]
 
 
 @pytest.mark.parametrize(("table", "dropout_p", "expected"), [
@@ -260,8 +261,8 @@ def test_the_choice_is_read_at_the_longer_side(S_q, S_k, as_cuda, choices):
 def test_dropout_of_one_declines_every_cuda_kernel(as_cuda):
     """p = 1 drops every weight: the reference gives zeros (the kernels' 1 / (1 - p) would not)."""
     for scheme in ("dnas", "hnas"):
-        assert route(scheme, "cuda", BF16, 0.99, u=0.5) == ["triton", "reference"]
-        assert route(scheme, "cuda", BF16, 1.0, u=0.5) == ["reference"]
+        assert candidates(scheme, "cuda", BF16, 0.99, u=0.5) == ["triton", "reference"]
+        assert candidates(scheme, "cuda", BF16, 1.0, u=0.5) == ["reference"]
 
 
 def test_unas_dropout_reaches_sdpa_on_cuda(as_cuda, monkeypatch):
@@ -271,7 +272,7 @@ def test_unas_dropout_reaches_sdpa_on_cuda(as_cuda, monkeypatch):
     real = sdpa.unas_sdpa
     monkeypatch.setattr(sdpa, "unas_sdpa", lambda *a: seen.append(a[-2:]) or real(*a))
     q, k, v, _, _, _ = padded_problem(6, 5, 8, B=1, seed=2)
-    assert route("unas", "cuda", BF16, 0.25)[0] == "sdpa"
+    assert candidates("unas", "cuda", BF16, 0.25)[0] == "sdpa"
     attend(q.to(BF16), k.to(BF16), v.to(BF16), "unas", dropout_p=0.25)
     assert seen == [(False, 0.25)]  # (causal, dropout_p)
 
@@ -292,8 +293,8 @@ def test_flex_declines_head_dims_past_its_limit(as_cuda, caplog):
     call = norm.call(q, k, v)
     flex.log_decline_once.cache_clear()  # logged once per process: another test may have already
     with caplog.at_level("WARNING"):
-        assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
-        assert paths.QUERY_NORMALIZED_FLEX(norm, call) is None
+        assert not dnas.FLEX.accepts(norm, call) and route(q, k, v, "sinkhorn", n_iter=2) == "reference"
+        assert not dnas.FLEX.accepts(norm, call)
     assert as_cuda == [] and [r.message for r in caplog.records].count(
         f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
         f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead") == 1
@@ -305,7 +306,7 @@ def test_row_wise_flex_declines_head_dims_past_its_limit_with_the_reason(as_cuda
     norm, inputs = normalizer("sigmoid")
     flex.log_decline_once.cache_clear()
     with caplog.at_level("WARNING"):
-        assert paths.SIGMOID_FLEX(norm, norm.call(q, k, v, **inputs)) is None
+        assert not sigmoid.PATHS[-1].accepts(norm, norm.call(q, k, v, **inputs))
     declined = [r.message for r in caplog.records if r.name == flex.__name__]
     assert declined == [(f"head dims d={d}, d_v={d} are outside the FlexAttention paths' "
                          f"16..{flex.MAX_HEAD_DIM}: the materialized reference runs instead")]
@@ -321,9 +322,9 @@ def test_attention_dropout_reaches_the_triton_kernels(as_cuda, monkeypatch):
 
 
 def test_stick_breaking_blocks_run_on_the_cpu_and_cuda_only():
-    assert route("stickbreaking", "cuda", BF16, causal=True)[0] == "blocked"
+    assert candidates("stickbreaking", "cuda", BF16, causal=True)[0] == "blocked"
     for device in ("mps", "xpu"):
-        assert route("stickbreaking", device, BF16, causal=True) == ["reference"]
+        assert candidates("stickbreaking", device, BF16, causal=True) == ["reference"]
 
 
 @pytest.mark.parametrize("chosen", ["flex", "triton"])
@@ -356,15 +357,15 @@ def test_the_cuda_dispatch_breaks_no_graph_with_dynamic_lengths(chosen, monkeypa
 
 
 def test_choice_keys_and_a_broken_table(choices):
-    assert [paths.length_bucket(s) for s in (1, 1024, 1025, 5000, 16384, 50000)] == \
+    assert [cuda_table.length_bucket(s) for s in (1, 1024, 1025, 5000, 16384, 50000)] == \
         [1024, 1024, 2048, 8192, 16384, 16384]
-    assert paths.choice_key(3000, 64, BF16) == "4096/64/bfloat16"
+    assert cuda_table.choice_key(3000, 64, BF16) == "4096/64/bfloat16"
     choices({"4096/64/bfloat16": "flex", "8192/64/bfloat16": "cudnn"})  # unknown names: ignored
-    assert paths.preferred_cuda_path(3000, 64, BF16) == "flex"
-    assert paths.preferred_cuda_path(8000, 64, BF16) == paths.DEFAULT_CUDA_PATH == "triton"
+    assert cuda_table.preferred_cuda_path(3000, 64, BF16) == "flex"
+    assert cuda_table.preferred_cuda_path(8000, 64, BF16) == cuda_table.DEFAULT_CUDA_PATH == "triton"
     choices("{not json")
     with pytest.raises(ConfigError, match="--write-choices"):
-        paths.preferred_cuda_path(3000, 64, BF16)
+        cuda_table.preferred_cuda_path(3000, 64, BF16)
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -404,7 +405,7 @@ def _sdpa_error(inputs, dtype) -> float:
 @pytest.mark.gpu
 @no_cuda
 def test_attend_on_a_gpu_runs_compiled_flex_when_chosen(as_cuda, choices):
-    choices({paths.choice_key(256, 64, BF16): "flex"})
+    choices({cuda_table.choice_key(256, 64, BF16): "flex"})
     q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=BF16) for _ in range(3))
     out = attend(q, k, v, "dnas")
     assert as_cuda == ["flex"] and flex._compiled.cache_info().currsize == 1

@@ -12,8 +12,9 @@ import torch
 from helpers.kernel_cases import leaf, out_and_grads, padded_problem
 
 from attnlab.attention import attend, paths, reference_attend
-from attnlab.attention.functional import normalizer, route
+from attnlab.attention.functional import candidates, normalizer
 from attnlab.attention.kernels import flex, flex_rowwise
+from attnlab.attention.schemes import sink
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -116,10 +117,10 @@ def as_cuda(monkeypatch):
 @pytest.mark.parametrize(("case", "scheme", "options", "name"), CASES, ids=IDS)
 def test_attend_runs_flex_on_cuda_without_dropout(case, scheme, options, name, as_cuda):
     for causal in (False, True):
-        assert route(scheme, "cuda", BF16, causal=causal, **options)[-2:] == ["flex", "reference"]
-        assert "flex" not in route(scheme, "cuda", BF16, 0.1, **options)
-        assert "flex" not in route(scheme, "cuda", torch.float64, **options)
-        assert "flex" not in route(scheme, "cpu", F32, **options)
+        assert candidates(scheme, "cuda", BF16, causal=causal, **options)[-2:] == ["flex", "reference"]
+        assert "flex" not in candidates(scheme, "cuda", BF16, 0.1, **options)
+        assert "flex" not in candidates(scheme, "cuda", torch.float64, **options)
+        assert "flex" not in candidates(scheme, "cpu", F32, **options)
     q, k, v, _, kpm, qpm = padded_problem(20, 24, 16, H=H, seed=5)
     inputs = {name: PARAM} if name else {}
     out = attend(q, k, v, scheme, kpm, qpm, True, **options, **inputs)
@@ -145,7 +146,7 @@ def test_flex_declines_head_dims_past_its_limit(as_cuda):
     d = flex.MAX_HEAD_DIM + 4
     q, k, v, _, _, _ = padded_problem(3, 4, d, B=1, seed=7)
     norm, _ = normalizer("sink")
-    assert paths.SINK_FLEX(norm, norm.call(q, k, v)) is None and as_cuda == []
+    assert not sink.PATHS[-1].accepts(norm, norm.call(q, k, v)) and as_cuda == []
 
 
 # ----------------------------------------------------------------------------- on a GPU

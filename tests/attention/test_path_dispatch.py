@@ -10,7 +10,7 @@ import torch
 from helpers.kernel_cases import padded_problem, reference_out
 
 from attnlab.attention import attend, attention_weights
-from attnlab.attention.functional import route
+from attnlab.attention.functional import candidates, route
 from attnlab.attention.kernels import fused, sdpa
 
 FUSED_SCHEMES = ["dnas", "hnas", "unas", "sigmoid", "sink", "softpick", "ssmax"]
@@ -26,8 +26,8 @@ def _problem(scheme, dtype, seed=0):
 def test_half_precision_inputs_run_the_cpu_kernels_in_float32(scheme):
     """bf16 q, k, v (and u) on the CPU: the fused paths compute in float32 (the working dtype)
     and return bf16: the float32 run of the same values, rounded once."""
-    assert route(scheme, "cpu", torch.float32)[0] in ("fused_cpu", "scaled_unas_cpu", "sdpa")
     (q, k, v), kpm, qpm, extra = _problem(scheme, torch.bfloat16)
+    assert route(q, k, v, scheme, kpm, qpm, **extra) in ("fused_cpu", "scaled_fused_cpu")
     out = attend(q, k, v, scheme, kpm, qpm, **extra)
     wide = attend(q.float(), k.float(), v.float(), scheme, kpm, qpm,
                   **{name: t.float() for name, t in extra.items()})
@@ -39,7 +39,7 @@ def test_half_precision_inputs_run_the_cpu_kernels_in_float32(scheme):
 def test_dropout_of_one_drops_every_weight(scheme):
     """p = 1 (which the fast paths decline): zeros, and finite zero gradients, as torch's own
     dropout gives; not the 0 * inf = NaN of scaling by 1 / (1 - p)."""
-    assert "fused_cpu" not in route(scheme, "cpu", torch.float32, 1.0)
+    assert "fused_cpu" not in candidates(scheme, "cpu", torch.float32, 1.0)
     (q, k, v), kpm, qpm, extra = _problem(scheme, torch.float32, seed=4)
     q.requires_grad_()
     out = attend(q, k, v, scheme, kpm, qpm, dropout_p=1.0, **extra)
@@ -71,7 +71,7 @@ def test_stickbreaking_by_blocks_keeps_its_attend_current_option(attend_current)
     is the materialized weights' with the scheme's own `attend_current`."""
     torch.manual_seed(6)
     q, k, v = (torch.randn(1, 2, 130, 8, dtype=torch.float64) for _ in range(3))
-    assert route("stickbreaking", "cpu", torch.float64, causal=True)[0] == "blocked"
+    assert route(q, k, v, "stickbreaking", causal=True, attend_current=attend_current) == "blocked"
     out = attend(q, k, v, "stickbreaking", causal=True, attend_current=attend_current)
     weights = attention_weights(q, k, "stickbreaking", causal=True, attend_current=attend_current)
     torch.testing.assert_close(out, weights @ v, atol=1e-10, rtol=0)

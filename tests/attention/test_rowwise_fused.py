@@ -14,6 +14,7 @@ import torch
 
 from attnlab.attention import paths
 from attnlab.attention.kernels import fused, rowwise
+from attnlab.attention.schemes import sigmoid, sink, softpick, ssmax
 from attnlab.attention.schemes.sigmoid import Sigmoid, SigmoidOptions
 from attnlab.attention.schemes.sink import Sink, SinkOptions
 from attnlab.attention.schemes.softpick import Softpick, SoftpickOptions
@@ -78,8 +79,24 @@ SCHEMES = {
     "softpick_eps": lambda: Softpick(SoftpickOptions(eps=0.3)),  # eps visible: grad through max
     "ssmax": lambda: SSMax(SSMaxOptions()),
 }
-FAST = {"sigmoid": paths.SIGMOID_FUSED_CPU, "sink": paths.SINK_FUSED_CPU,
-        "softpick": paths.SOFTPICK_FUSED_CPU, "ssmax": paths.SSMAX_SCALED_CPU}
+# each scheme's CPU fast paths (SSMax: UNAS's, on scaled queries)
+CPU_PATHS = {"sigmoid": sigmoid.PATHS[:1], "sink": sink.PATHS[:1], "softpick": softpick.PATHS,
+             "ssmax": ssmax.PATHS[:3]}
+
+
+class CpuPath:
+    """Runs the scheme's CPU fast path that accepts the call (failing where none does)."""
+
+    def __init__(self, kind):
+        self.paths = CPU_PATHS[kind]
+
+    def __call__(self, norm, call):
+        path = paths.choose(self.paths, norm, call)
+        assert path is not None, "no CPU fast path accepts the call"
+        return path(norm, call)
+
+
+FAST = {kind: CpuPath(kind) for kind in CPU_PATHS}
 
 
 def kind_of(name):
@@ -217,10 +234,10 @@ def test_scheme_float32_weights_agree():
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_route_lists_the_cpu_path(name):
     norm = SCHEMES[name]()
-    expected = FAST[kind_of(name)].name
-    assert norm.route("cpu", F32)[0] == expected
-    assert norm.route("cpu", F64, 0.1, True)[0] == (expected if kind_of(name) != "ssmax" else "reference")
-    assert norm.route("cuda", torch.bfloat16)[0] != expected
+    expected = "scaled_sdpa" if kind_of(name) == "ssmax" else "fused_cpu"
+    assert norm.candidates("cpu", F32)[0] == expected
+    assert norm.candidates("cpu", F64, 0.1, True)[0] == (expected if kind_of(name) != "ssmax" else "reference")
+    assert norm.candidates("cuda", torch.bfloat16)[0] != expected
 
 
 def test_valid_keys_counts():

@@ -226,7 +226,7 @@ def test_dropout_reaches_the_weights_of_both_versions(version):
     torch.manual_seed(1)
     dropped, w = m.head_scheme(m.normalizer, q, k, v, mask, dropout_p=0.5, query=query)
     torch.manual_seed(1)
-    from attnlab.attention.schemes.base import apply_weights
+    from attnlab.attention.schemes.normalizer import apply_weights
 
     by_hand = apply_weights(w, v, 0.5)  # the same seed drops the same weights
     if version == 1:
@@ -316,3 +316,11 @@ def test_rmsnorm_and_lambda_run_in_float32_for_half_precision_models():
 def test_lambda_per_names_its_choices():
     with pytest.raises(ConfigError, match=r"^model\.lambda_per='row' must be layer or head$"):
         AttentionSpec("diff", lambda_per="row")
+
+
+def test_version_2s_second_query_projection_follows_the_modules_bias():
+    """`bias=False` reaches diff v2's own projection: no bias anywhere in the module."""
+    for bias in (True, False):
+        m = MultiHeadAttention(16, 2, spec={"scheme": "diff", "version": 2}, bias=bias)
+        assert (m.head_scheme.q2_proj.bias is not None) == bias == (m.q_proj.bias is not None)
+        assert any(n.endswith("bias") for n, _ in m.named_parameters()) == bias

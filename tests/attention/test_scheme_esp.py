@@ -9,7 +9,7 @@ import torch
 from helpers.kernel_cases import padded_problem
 
 from attnlab.attention import AttentionSpec, attend, attention_weights
-from attnlab.attention.functional import route
+from attnlab.attention.functional import candidates
 from attnlab.attention.kernels import esp as esp_kernel
 from attnlab.attention.schemes import NORMALIZERS, esp
 from attnlab.attention.schemes.esp import ESPOptions
@@ -39,7 +39,7 @@ def test_scheme_is_registered_over_queries_with_its_chunked_path():
     cls = NORMALIZERS["esp"]
     assert cls.over_queries and cls.rows_sum_to_one and not cls.causal_only
     assert cls.fast_paths == esp.ESP_PATHS == (esp.ESP_CHUNKED,)
-    assert route("esp", "cpu", torch.float32) == ["chunked", "reference"]
+    assert candidates("esp", "cpu", torch.float32) == ["chunked", "reference"]
 
 
 @pytest.mark.parametrize("shape", [(9, 9), (7, 4), (1, 1), (5, 1)], ids=["self", "cross", "S1", "one-key"])
@@ -204,17 +204,17 @@ def test_the_chunked_path_serves_what_it_says_and_nothing_else():
     esp_ = AttentionSpec("esp").build_normalizer()
     for device, dtype in (("cpu", torch.float32), ("cpu", torch.float64), ("cuda", torch.float16),
                           ("cuda", torch.bfloat16), ("cuda", torch.float32)):
-        assert esp_.route(device, dtype) == ["chunked", "reference"], (device, dtype)
-        assert esp_.route(device, dtype, causal=True) == ["reference"], (device, dtype)
+        assert esp_.candidates(device, dtype) == ["chunked", "reference"], (device, dtype)
+        assert esp_.candidates(device, dtype, causal=True) == ["reference"], (device, dtype)
     for device, dtype in (("cpu", torch.float16), ("cpu", torch.bfloat16), ("cuda", torch.float64),
                           ("mps", torch.float32), ("xla", torch.float32)):
-        assert esp_.route(device, dtype) == ["reference"], (device, dtype)
+        assert esp_.candidates(device, dtype) == ["reference"], (device, dtype)
 
 
 @pytest.mark.parametrize("path", ["chunked", "reference"])
 def test_dropout_reaches_the_weights_on_every_path(path):
     from attnlab.attention.paths import AttentionCall
-    from attnlab.attention.schemes.base import apply_weights
+    from attnlab.attention.schemes.normalizer import apply_weights
 
     q, k, v, kpm, qpm = problem(6)
     esp_ = AttentionSpec("esp").build_normalizer()

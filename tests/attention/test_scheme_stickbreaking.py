@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from helpers.kernel_cases import RecordShapes, leaf, padded_problem
 
-from attnlab.attention import AttentionSpec, MultiHeadAttention, attend, attention_weights, paths
-from attnlab.attention.functional import route
+from attnlab.attention import AttentionSpec, MultiHeadAttention, attend, attention_weights
+from attnlab.attention.functional import candidates
 from attnlab.attention.kernels import stickbreaking as sb
 from attnlab.attention.schemes import NORMALIZERS
 from attnlab.attention.schemes.stickbreaking import StickBreakingOptions
@@ -45,7 +45,7 @@ def problem(S_q, S_k=None, dtype=torch.float64, seed=0, scale=1.5, d=8, H=2):
 def test_scheme_is_registered_as_causal_only_and_sub_stochastic():
     cls = NORMALIZERS["stickbreaking"]
     assert cls.causal_only and not cls.rows_sum_to_one and not cls.over_queries
-    assert cls.fast_paths == paths.STICKBREAKING_PATHS == (paths.STICKBREAKING_BLOCKED,)
+    assert [p.name for p in cls.fast_paths] == ["blocked"]
 
 
 @pytest.mark.parametrize("S", [1, 2, 9])
@@ -146,10 +146,10 @@ def test_blocked_kernel_equals_the_reference(S_q, S_k, attend_current):
 
 
 def test_the_path_serves_long_causal_calls_only(monkeypatch):
-    assert route("stickbreaking", "cpu", torch.float32, causal=True) == ["blocked", "reference"]
-    assert route("stickbreaking", "cuda", torch.bfloat16, causal=True) == ["blocked", "reference"]
-    assert route("stickbreaking", "cpu", torch.float32, dropout_p=0.1, causal=True) == ["reference"]
-    assert route("stickbreaking", "cpu", torch.float16, causal=True) == ["reference"]
+    assert candidates("stickbreaking", "cpu", torch.float32, causal=True) == ["blocked", "reference"]
+    assert candidates("stickbreaking", "cuda", torch.bfloat16, causal=True) == ["blocked", "reference"]
+    assert candidates("stickbreaking", "cpu", torch.float32, dropout_p=0.1, causal=True) == ["reference"]
+    assert candidates("stickbreaking", "cpu", torch.float16, causal=True) == ["reference"]
     served = []
     real = sb.stickbreaking_attend
     monkeypatch.setattr(sb, "stickbreaking_attend", lambda *a, **kw: served.append(1) or real(*a, **kw))

@@ -21,6 +21,7 @@ from attnlab.attention import (
     register,
     scheme_parameters,
 )
+from attnlab.attention.paths import FastPath
 from attnlab.attention.reference import safe_log_normalize
 from attnlab.attention.schemes import NORMALIZERS, TRANSFORMS, unregister
 from attnlab.attention.schemes.dnas import DNAS
@@ -256,7 +257,7 @@ def test_a_new_scheme_with_a_parameter_needs_no_edit_outside_its_class(tmp_path)
 
     from attnlab.attention import scheme_values
     from attnlab.callbacks import SchemeParameters
-    from attnlab.runner import scheme_params
+    from attnlab.run_record import scheme_params
     from attnlab.task_module import parameter_groups
 
     register(Tempered)
@@ -411,8 +412,7 @@ def test_register_checks_names_and_kinds_and_unregister_forgets_every_kind():
 
 
 def test_a_subclass_keeps_its_parents_kernels_only_while_it_keeps_the_parents_weights():
-    def mine(normalizer, call):
-        return None
+    mine = FastPath("mine", lambda *a: True, lambda normalizer, call: call.v)
 
     class Renamed(DNAS):  # the same weights: DNAS's kernels compute it
         name = "test_renamed"
@@ -431,33 +431,48 @@ def test_a_subclass_keeps_its_parents_kernels_only_while_it_keeps_the_parents_we
             return safe_log_normalize(logits, dim=-1).exp()
 
     assert Renamed.fast_paths == DNAS.fast_paths and Listed.fast_paths == (mine,) and Bare.fast_paths == ()
-    assert Bare().route("cpu", torch.float32) == ["reference"]
+    assert Bare().candidates("cpu", torch.float32) == ["reference"]
+    q, k, v, _ = inputs()
+    assert Bare().route(Bare().call(q, k, v)) == "reference" and Listed().route(Listed().call(q, k, v)) == "mine"
 
 
-def test_route_names_each_path_and_asks_it_with_this_normalizer():
+def test_fast_paths_are_fast_path_objects():
+    """A path that could decline at run time (a bare callable returning None) would make `route`
+    name a kernel that does not run: refused where the scheme is defined, in one line."""
+    with pytest.raises(TypeError, match=r"^Plain\.fast_paths must list FastPath objects .* got <function"):
+        class Plain(Normalizer):
+            name = "test_plain"
+            fast_paths = (lambda normalizer, call: None,)
+
+
+def test_route_names_the_first_path_that_accepts_the_call_and_asks_it_with_this_normalizer():
     asked = []
-
-    def plain(normalizer, call):  # no `name`: its function name
-        return None
-
-    class Anonymous:  # neither `name` nor `__name__`
-        def __call__(self, normalizer, call):
-            return None
 
     def only_this(normalizer, device, dtype, dropout_p, causal):
         asked.append((normalizer, device, dtype, dropout_p, causal))
         return isinstance(normalizer, Routed) and not causal
 
-    only_this_path = DNAS.fast_paths[0].__class__("picky", only_this, lambda n, c: None)
+    def padded(normalizer, call):
+        return call.key_padding_mask is not None
+
+    ran = []
+    picky = FastPath("picky", only_this, lambda n, c: ran.append("picky") or c.v)
+    plain = FastPath("plain", lambda *a: True, lambda n, c: ran.append("plain") or c.v)
 
     class Routed(Normalizer):
         name = "test_routed"
-        fast_paths = (only_this_path, plain, Anonymous())
+        fast_paths = (picky.only(padded), plain, picky)
 
     r = Routed()
-    assert r.route("cpu", torch.float32) == ["picky", "plain", "?", "reference"]
-    assert asked == [(r, "cpu", torch.float32, 0.0, False)]
-    assert r.route("cpu", torch.float32, causal=True) == ["plain", "?", "reference"]
+    q, k, v, mask = inputs()
+    assert r.candidates("cpu", torch.float32) == ["plain", "picky", "reference"]  # at its last place
+    assert asked == [(r, "cpu", torch.float32, 0.0, False)] * 2
+    assert r.candidates("cpu", torch.float32, causal=True) == ["plain", "reference"]
+    for mask_, expected in ((mask, "picky"), (None, "plain")):
+        assert r.route(r.call(q, k, v, mask_)) == expected
+        ran.clear()
+        r.attend(q, k, v, mask_)
+        assert ran == [expected]  # what route names is what runs
 
 
 def test_attend_hands_a_stacks_mask_cache_to_every_path():
@@ -465,10 +480,11 @@ def test_attend_hands_a_stacks_mask_cache_to_every_path():
 
     def spy(normalizer, call):
         seen.append(call.mask_cache)
+        return call.v
 
     class Spied(Normalizer):
         name = "test_spied"
-        fast_paths = (spy,)
+        fast_paths = (FastPath("spy", lambda *a: True, spy),)
 
         def weights(self, logits: Tensor) -> Tensor:
             return safe_log_normalize(logits, dim=-1).exp()
@@ -517,7 +533,7 @@ def test_what_runs_are_keyed_by_is_the_unwrapped_name_and_a_bare_scheme_owns_its
     assert {"dnas", "hnas", "sinkhorn", "esp"} <= set(query_normalized()) and "unas" not in query_normalized()
 
 
-def test_a_head_scheme_by_default_is_one_head_of_one_feature_whose_parameters_all_train_at_its_rate():
+def test_a_head_scheme_by_default_is_one_head_of_one_feature_whose_own_parameters_train_at_its_rate():
     from attnlab.attention import HeadScheme
 
     class Bare(HeadScheme):  # what a new head scheme inherits
@@ -525,11 +541,12 @@ def test_a_head_scheme_by_default_is_one_head_of_one_feature_whose_parameters_al
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.mix = torch.nn.Linear(2, 2)
+            self.mix = torch.nn.Linear(2, 2)  # a submodule: the model's weights
+            self.scale = torch.nn.Parameter(torch.ones(1))  # held directly: its own
 
     bare = Bare()
     assert (bare.num_heads, bare.head_dim, bare.value_dim, bare.embed_dim, bare.layer_index) == (1, 1, 1, 1, 0)
-    assert bare.scheme_parameters() == list(bare.parameters()) and len(bare.scheme_parameters()) == 2
+    assert bare.scheme_parameters() == [bare.scale]
     with pytest.raises(NotImplementedError):
         bare(AttentionSpec("unas").build_normalizer(), *inputs()[:3])
 

@@ -14,6 +14,7 @@ from helpers.kernel_cases import padded_problem
 from attnlab.attention import attend, notices, paths
 from attnlab.attention.functional import normalizer
 from attnlab.attention.kernels import triton_ops, triton_query_normalized
+from attnlab.attention.schemes import dnas, unas
 
 
 @pytest.fixture(autouse=True)
@@ -59,10 +60,10 @@ def test_unas_with_key_padding_on_cuda_says_once_that_flash_cannot_serve(as_cuda
     q, k, v, _, kpm, qpm = padded_problem(6, 6, 16, H=2, seed=2, dtype=torch.bfloat16)
     norm, _ = normalizer("unas")
     with caplog.at_level(logging.WARNING, logger=notices.__name__):
-        assert paths.UNAS_SDPA(norm, norm.call(q, k, v, None, qpm)) is not None  # no key mask: flash
+        assert unas.SDPA(norm, norm.call(q, k, v, None, qpm)) is not None  # no key mask: flash
         assert said(caplog) == []
         for _ in range(2):
-            assert paths.UNAS_SDPA(norm, norm.call(q, k, v, kpm, qpm)) is not None
+            assert unas.SDPA(norm, norm.call(q, k, v, kpm, qpm)) is not None
     [line] = said(caplog)
     assert "SDPA's flash kernel takes no mask, so its memory-efficient kernel runs" in line
     assert "key_padding_mask=None" in line
@@ -88,7 +89,7 @@ def test_fp32_without_tf32_says_once_how_to_get_tensor_cores(as_cuda, tf32, monk
     q, k, v, _, kpm, qpm = padded_problem(6, 6, 16, seed=3)
     with caplog.at_level(logging.WARNING, logger=notices.__name__):
         for _ in range(2):
-            assert paths.QUERY_NORMALIZED_TRITON(norm, norm.call(q, k, v, kpm, qpm, **inputs)) is not None
+            assert dnas.TRITON(norm, norm.call(q, k, v, kpm, qpm, **inputs)) is not None
     assert said(caplog) == [(
         "fp32 attention on CUDA without TF32 runs full-precision dot products, not tensor cores: "
         "torch.set_float32_matmul_precision('high') for TF32, or bf16 (hardware=gpu)")]
@@ -97,8 +98,8 @@ def test_fp32_without_tf32_says_once_how_to_get_tensor_cores(as_cuda, tf32, monk
     notices.log_once.cache_clear()
     with caplog.at_level(logging.WARNING, logger=notices.__name__):
         tf32(True)  # TF32 on: nothing to say
-        paths.QUERY_NORMALIZED_TRITON(norm, norm.call(q, k, v, kpm, qpm, **inputs))
+        dnas.TRITON(norm, norm.call(q, k, v, kpm, qpm, **inputs))
         tf32(False)  # bf16: tensor cores anyway
         half = [x.bfloat16() for x in (q, k, v)]
-        paths.QUERY_NORMALIZED_TRITON(norm, norm.call(*half, kpm, qpm, **inputs))
+        dnas.TRITON(norm, norm.call(*half, kpm, qpm, **inputs))
     assert said(caplog) == []

@@ -20,7 +20,7 @@ from helpers.kernel_cases import leaf, out_and_grads, padded_problem, reference_
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention import attend, paths
-from attnlab.attention.functional import route
+from attnlab.attention.functional import candidates
 from attnlab.attention.kernels import dropout, triton_ops
 from attnlab.attention.kernels import triton_query_normalized as tq
 from attnlab.attention.reference import masked_logits
@@ -292,7 +292,7 @@ def test_nothing_sequence_by_sequence_is_allocated():
 def test_attend_routes_cuda_inputs_to_the_kernels(monkeypatch):
     """With the device check saying cuda, attend runs these kernels (here interpreted)."""
     monkeypatch.setattr(paths, "device_type", lambda t: "cuda")
-    assert route("hnas", "cuda", torch.float32)[0] == "triton"
+    assert candidates("hnas", "cuda", torch.float32)[0] == "triton"
     q, k, v, u, kpm, qpm = padded_problem(6, 5, 8, B=2, seed=9)
     calls = []
     real = triton_ops.query_normalized_attend_triton

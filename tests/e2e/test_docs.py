@@ -216,7 +216,7 @@ def test_the_name_check_tells_moved_names_from_present_ones():
     """Names the rebuild moved fail; where they went, and a method of a class, pass."""
     assert not resolves("attnlab.study.reproduce.multiview_vqa") and resolves("tasks.vqa.claim")
     assert not resolves("attnlab.attention.kernels.fused.nope")
-    assert resolves("attnlab.attention.schemes.base.LogitTransform.row_wise")
+    assert resolves("attnlab.attention.schemes.transform.LogitTransform.row_wise")
     assert not resolves("attnlab.task_module.TaskModule.replace_training_step")
 
 

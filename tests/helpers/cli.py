@@ -28,6 +28,10 @@ def cli_env(tmp_path: Path, data_dir: Path) -> dict:
         WANDB_SILENT="true",
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+        # this checkout's code, whatever clone the venv was installed (-e) from (pyproject's pytest
+        # `pythonpath` does the same for the tests' own process)
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH"))
+                                   if p),
     )
     env.pop("WANDB_API_KEY", None)
     return env

@@ -7,6 +7,12 @@ import torch
 from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 
 PAD, BOS, EOS = 0, 1, 2
+# the layer choices of each task's network, which Seq2SeqTransformer takes no default for (each
+# task's YAML is their home): conf/task/headline.yaml's (BERT's) and conf/task/mt.yaml's (fairseq's)
+BERT_STYLE = {"activation": "gelu", "layer_norm_eps": 1e-12, "positions": "learned",
+              "lm_head": True, "weight_init": "bert"}
+FAIRSEQ_STYLE = {"activation": "relu", "layer_norm_eps": 1e-5, "positions": "sinusoidal",
+                 "lm_head": False, "weight_init": "fairseq"}
 
 
 def padded_sources(lengths, vocab, seed=1):

@@ -9,20 +9,9 @@ import hydra
 import pytest
 from helpers.cards import CARDS, TINY
 from helpers.paths import CONF
-from helpers.signatures import constructor_arguments
+from helpers.signatures import constructor_arguments, target_nodes
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_object
-from omegaconf import DictConfig, OmegaConf
-
-
-def nodes(node, key="task"):
-    """(key, node) of every `_target_` node under `node` (interpolations not followed)."""
-    if isinstance(node, DictConfig):
-        if "_target_" in node:
-            yield key, node
-        for name in node:
-            if not OmegaConf.is_interpolation(node, name):
-                yield from nodes(node.get(name), f"{key}.{name}")
 
 
 def data_given(kwargs: dict) -> set[str]:
@@ -39,7 +28,7 @@ def test_every_argument_of_a_tasks_classes_is_in_its_config(task, data_dir, one_
     datamodule.prepare_data()
     datamodule.setup("fit")
     given = data_given(datamodule.model_kwargs())
-    for key, node in nodes(cfg.task):
+    for key, node in target_nodes(cfg.task):
         target = get_object(node._target_)
         if not target.__module__.startswith(("tasks.", "attnlab.")):
             continue  # torch's optimizers: their own documentation

@@ -1,6 +1,6 @@
 """Which CUDA kernel serves DNAS / HNAS: Triton or FlexAttention, per shape, from the table the
 CUDA benchmark measured (`kernels/cuda_choices.json`, docs/gpu.md "Which CUDA kernel runs"), or
-the one `pinned_cuda_path` pins. `paths._flex_preferred` asks it per call."""
+the one `pinned_cuda_path` pins. `schemes.dnas.flex_preferred` asks it per call."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The public functional API, string in: `attend` (fast paths, never S x S where one serves),
-`attention_weights` (materialized, for analysis and tests) and `reference_attend` (the exact
-materialized computation, for tests and benchmarks).
+`attention_weights` (materialized, for analysis and tests), `reference_attend` (the exact
+materialized computation, for tests and benchmarks), `route` (the kernel `attend` runs for given
+arguments) and `candidates` (the kernels that serve a kind of call).
 
 `scheme` names a registered normalizer (attention/schemes/); `**scheme_args` are its options
 (e.g. `n_iter=5` for sinkhorn, `alpha=2` for entmax) and inputs (`u` for hnas). Arguments that only
@@ -71,12 +72,31 @@ def reference_attend(
     return norm.reference(call)
 
 
-def route(scheme: str, device: str, dtype: torch.dtype, dropout_p: float = 0.0, causal: bool = False,
-          **scheme_args: Any) -> list[str]:
-    """The paths that would serve `scheme` on `device` in `dtype` with these options, best first,
-    ending with "reference" (e.g. route("hnas", "cuda", torch.bfloat16, 0.1) -> ["triton", ...])."""
+def route(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: str = "unas",
+    key_padding_mask: Tensor | None = None,
+    query_padding_mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    **scheme_args: Any,
+) -> str:
+    """The name of the kernel `attend` runs for exactly these arguments (the scheme's first fast
+    path that accepts the call, e.g. "fused_cpu"), or "reference"."""
+    norm, inputs = normalizer(scheme, **scheme_args)
+    return norm.route(norm.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p,
+                                **inputs))
+
+
+def candidates(scheme: str, device: str, dtype: torch.dtype, dropout_p: float = 0.0,
+               causal: bool = False, **scheme_args: Any) -> list[str]:
+    """The fast paths that serve such calls on `device` in `dtype` (some only for some masks or
+    shapes: `route` says which runs), in the scheme's order, then "reference" (e.g.
+    candidates("hnas", "cuda", torch.bfloat16, 0.1) -> ["triton", "reference"])."""
     norm, _ = normalizer(scheme, **scheme_args)
-    return norm.route(device, dtype, dropout_p, causal)
+    return norm.candidates(device, dtype, dropout_p, causal)
 
 
 def attention_weights(

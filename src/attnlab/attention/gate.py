@@ -14,18 +14,19 @@ N(0, 0.02) (their `initializer_range`), the bias 0, so every gate starts near si
 the gate starts as a halving of the attention output (exactly 0.5 in expectation over the
 weights), not as the identity.
 
-`reported()` gives, per head, what the last forward's gates were (detached, on the valid query
-positions): `mean` and `closed` (the share of gates < 0.1); `scheme_values` reports them as
-`gate_mean` and `gate_closed`.
+A `SchemeModule` like the schemes (attention/schemes/base.py): it holds no parameter of its own
+(W_g is a submodule's, trained and decayed as the model's weights, as the published code's
+`q_proj`). `reported()` gives, per head, what the last forward's gates were (detached, on the
+valid query positions): `mean` and `closed` (the share of gates < 0.1); `scheme_values` reports
+them as `gate_mean` and `gate_closed`.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.schemes.base import SchemeModule
 from attnlab.errors import ConfigError
 
 GATES = ("headwise", "elementwise")
@@ -43,18 +44,17 @@ def check_gate(gate: object) -> str | None:
     return gate.lower()
 
 
-class OutputGate(nn.Module):
+class OutputGate(SchemeModule):
     """sigmoid(x W_g + b) times the heads' outputs; x (B, S_q, E), heads (B, H, S_q, d)."""
 
-    name: ClassVar[str] = "gate"
+    name = "gate"
 
     def __init__(self, kind: str, embed_dim: int, num_heads: int, head_dim: int,
                  bias: bool = True) -> None:
-        super().__init__()
+        super().__init__(None, int(num_heads))
         self.kind = check_gate(kind)
         if self.kind is None:
             raise ConfigError("OutputGate needs kind headwise or elementwise")
-        self.num_heads = int(num_heads)
         self.head_dim = int(head_dim)
         width = num_heads if self.kind == "headwise" else num_heads * head_dim
         self.proj = nn.Linear(embed_dim, width, bias=bias)

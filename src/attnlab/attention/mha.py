@@ -1,5 +1,6 @@
-"""`MultiHeadAttention`: projections around the spec's scheme (a normalizer, optionally after a
-logit transform), cascade logits passed explicitly, recording on request."""
+"""`MultiHeadAttention`: projections around the spec's scheme, read top to bottom: project and
+split the heads, one attention step (the scheme's `attend_heads`), the output gate, merge the
+heads, project out. Cascade logits are passed explicitly; recording on request."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.gate import OutputGate
 from attnlab.attention.record import AttentionRecord
-from attnlab.attention.reference import masked_logits, valid_mask
-from attnlab.attention.schemes import apply_weights, module_name
+from attnlab.attention.schemes import Attended, Heads, module_name
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
@@ -97,7 +97,7 @@ class MultiHeadAttention(nn.Module):
         # a head scheme (diff) computes the heads' outputs itself, from the normalizer's maps
         self.head_scheme = self.spec.build_head_scheme(num_heads, self.head_dim,
                                                        self.out_dim // num_heads, embed_dim,
-                                                       self.layer_index)
+                                                       self.layer_index, bias)
         # the output gate (model.gate) gates each head's output, before the output projection
         # where there is one (VQA's fusion and classify's hops have none: it gates what they return)
         self.gate = (OutputGate(self.spec.gate, embed_dim, num_heads, self.out_dim // num_heads, bias)
@@ -114,18 +114,10 @@ class MultiHeadAttention(nn.Module):
         b, s, e = x.shape
         return x.view(b, s, self.num_heads, e // self.num_heads).transpose(1, 2)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        query_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        prev_logits: Tensor | None = None,
-        return_logits: bool = False,
-        mask_cache: MaskCache | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor | None]:
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
+                causal: bool = False, prev_logits: Tensor | None = None, return_logits: bool = False,
+                mask_cache: MaskCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
         """Output (B, S_q, out_dim); with return_logits, also the logits this module passes on to
         the next layer of its cascade stack (None unless its scheme cascades). `mask_cache`: the
         FlexAttention block masks of this forward of the stack (`run_stack` passes one)."""
@@ -151,17 +143,10 @@ class MultiHeadAttention(nn.Module):
         projected = self.v_proj(value) if self.v_proj is not None else value
         return self._split(self.k_proj(key)), self._split(projected)
 
-    def attend_to(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        key_padding_mask: Tensor | None = None,
-        query_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        prev_logits: Tensor | None = None,
-        mask_cache: MaskCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    def attend_to(self, query: Tensor, keys: Tensor, values: Tensor,
+                  key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
+                  causal: bool = False, prev_logits: Tensor | None = None,
+                  mask_cache: MaskCache | None = None) -> tuple[Tensor, Tensor | None]:
         """query (B, S_q, E) attending to projected keys/values (`keys_values`): the output
         (B, S_q, out_dim) and the logits passed on in a cascade (or None)."""
         q = self._split(self.q_proj(query))
@@ -171,6 +156,44 @@ class MultiHeadAttention(nn.Module):
             out = self.gate(query, out, query_padding_mask)
         out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
         return (self.out_proj(out) if self.out_proj is not None else out), logits
+
+    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
+                     query_padding_mask: Tensor | None = None, causal: bool = False,
+                     prev_logits: Tensor | None = None, query: Tensor | None = None,
+                     mask_cache: MaskCache | None = None) -> tuple[Tensor, Tensor | None]:
+        """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
+        and the logits passed on in a cascade (or None).
+
+        One step, whatever the kind: the head scheme's or the transform's `attend_heads` with the
+        normalizer, else the normalizer's own. `forward` is projections + this + out_proj
+        (`keys_values` + `attend_to`); incremental decoding runs it on cached keys/values.
+        Recording for analyses happens here. `query`, the query input (B, S_q, E), is for head
+        schemes that project it (diff version 2).
+        """
+        heads = Heads(q, k, v, key_padding_mask, query_padding_mask, causal,
+                      self.dropout if self.training else 0.0, prev_logits, query, mask_cache)
+        structure = self.head_scheme if self.head_scheme is not None else self.transform
+        if structure is None:
+            attended = self.normalizer.attend_heads(heads)
+        else:
+            attended = structure.attend_heads(self.normalizer, heads)
+        if self._recorders:
+            self._record(heads, attended)
+        return attended.out, attended.logits
+
+    @torch.no_grad()
+    def _record(self, heads: Heads, attended: Attended) -> None:
+        recorders = [r for r in self._recorders if r.wants(self)]
+        if not recorders:
+            return
+        weights = attended.weights
+        if weights is None:
+            weights = self.normalizer.attention_weights(heads.q, heads.k, heads.key_padding_mask,
+                                                        heads.query_padding_mask, heads.causal)
+        record = AttentionRecord(weights.detach().float(), heads.key_padding_mask,
+                                 heads.query_padding_mask, attended.out.detach().float())
+        for recorder in recorders:
+            recorder.receive(self, record)
 
     # -- incremental decoding (attnlab.attention.kv_cache)
     def can_step(self, carry_logits: bool = False) -> bool:
@@ -195,96 +218,6 @@ class MultiHeadAttention(nn.Module):
         keys, values = cache.append(*self.keys_values(x))
         # The newest position may see every cached one: causality holds without a mask.
         return self.attend_to(x, keys, values, prev_logits=prev_logits, mask_cache=mask_cache)
-
-    def attend_heads(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_padding_mask: Tensor | None = None,
-        query_padding_mask: Tensor | None = None,
-        causal: bool = False,
-        prev_logits: Tensor | None = None,
-        query: Tensor | None = None,
-        mask_cache: MaskCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """This module's scheme on projected, split heads: (B, H, S, d) in, (B, H, S_q, d_v) out,
-        and the logits passed on in a cascade (or None).
-
-        `forward` is projections + this + out_proj (`keys_values` + `attend_to`); incremental
-        decoding runs it on cached keys/values. Recording for analyses happens here. `query`, the
-        query input (B, S_q, E), is for head schemes that project it (diff version 2).
-        """
-        dropout_p = self.dropout if self.training else 0.0
-        weights = logits = None
-        if self.head_scheme is not None:
-            if prev_logits is not None:
-                raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
-                                  f"given the logits of a previous layer")
-            out, weights = self.head_scheme(self.normalizer, q, k, v, key_padding_mask,
-                                            query_padding_mask, causal, dropout_p, query)
-        elif self.transform is None:
-            if prev_logits is not None:
-                raise ConfigError(f"attention scheme {self.scheme!r} does not cascade, but it was "
-                                  f"given the logits of a previous layer")
-            out = self.normalizer(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p,
-                                  mask_cache)
-        else:
-            out, weights, logits = self._cascade(q, k, v, key_padding_mask, query_padding_mask,
-                                                 causal, prev_logits, dropout_p)
-        if self._recorders:
-            self._record(q, k, key_padding_mask, query_padding_mask, causal, out, weights)
-        return out, logits
-
-    def _cascade(self, q, k, v, key_padding_mask, query_padding_mask, causal, prev_logits, dropout_p):
-        """Materialized: the transform's logits, then the normalizer's weights (float32 inside)."""
-        call = self.normalizer.call(q, k, v, key_padding_mask, query_padding_mask, causal, dropout_p)
-        transform = self.transform
-        transform.check_causal(causal)  # a causal-only transform (selective) outside causal attention
-        if transform.receives_logits and prev_logits is None:
-            raise ConfigError(
-                f"{self.scheme}: this attention is layer {self.layer_index} of a cascade stack and "
-                f"needs the logits of the layer before it. Run the layers with "
-                f"attnlab.attention.run_stack(layers, x, ...) (or pass prev_logits=...)"
-            )
-        if prev_logits is not None and not transform.receives_logits:
-            raise ConfigError(
-                f"{self.scheme}: this attention was built as the first layer of its stack "
-                f"(layer_index={self.layer_index}) but was given a previous layer's logits; build "
-                f"layer i of a stack with layer_index=i"
-            )
-        batch, s_q, s_k = q.shape[0], q.shape[-2], k.shape[-2]
-        valid = valid_mask(batch, s_q, s_k, q.device, key_padding_mask, query_padding_mask, causal)
-        scores = masked_logits(q, k)  # float32 (float64 stays), unmasked
-        if prev_logits is not None and prev_logits.shape != scores.shape:
-            raise ConfigError(
-                f"{self.scheme}: the previous layer of this stack produced logits of shape "
-                f"{tuple(prev_logits.shape)} but this layer's are {tuple(scores.shape)}; the layers "
-                f"of a stack must attend over the same queries and keys with the same heads"
-            )
-        if valid is not None:
-            scores = scores.masked_fill(~valid, 0.0)
-            prev_logits = None if prev_logits is None else prev_logits.masked_fill(~valid, 0.0)
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            z = transform(scores, prev_logits)
-            if valid is not None:
-                z = z.masked_fill(~valid, 0.0)  # finite everywhere; masked pairs never get weight
-            logits = z if valid is None else z.masked_fill(~valid, float("-inf"))
-            weights = self.normalizer.weights(logits, **call.inputs)
-            out = apply_weights(weights, v, dropout_p)
-        return out, weights, (z if transform.passes_logits else None)
-
-    @torch.no_grad()
-    def _record(self, q, k, key_padding_mask, query_padding_mask, causal, out, weights) -> None:
-        recorders = [r for r in self._recorders if r.wants(self)]
-        if not recorders:
-            return
-        if weights is None:
-            weights = self.normalizer.attention_weights(q, k, key_padding_mask, query_padding_mask, causal)
-        record = AttentionRecord(weights.detach().float(), key_padding_mask, query_padding_mask,
-                                 out.detach().float())
-        for recorder in recorders:
-            recorder.receive(self, record)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for old, new in _RENAMED.items():

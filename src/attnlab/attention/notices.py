@@ -1,6 +1,6 @@
 """Calls that run correctly but slower than they could, said once per process in one line with
 the reason and the fix (in a training loop a warning would repeat every step). The dispatcher
-(`paths.FastPath`, `paths._run_unas_sdpa`) and `Normalizer.attend` call these with the device
+(`paths.FastPath`, UNAS's SDPA path) and `Normalizer.attend` call these with the device
 they decided on, so tests route CPU tensors as CUDA ones through `paths.device_type`.
 
 `log_once` is cached: a test that expects a line clears it first (`notices.log_once.cache_clear()`),
@@ -49,7 +49,7 @@ def dropout_keeps_fast_paths_off(normalizer, device: str, dtype: torch.dtype, dr
     it (Sinkhorn n_iter > 1 on CUDA: FlexAttention drops no weights)."""
     if dropout_p == 0.0 or _quiet():
         return
-    best = normalizer.route(device, dtype, 0.0, causal)[0]
+    best = normalizer.candidates(device, dtype, 0.0, causal)[0]
     if best != "reference":
         log_once(f"{normalizer.name} with attention dropout on {device}: no fast path drops its "
                  f"weights, so the materialized reference runs (S_q x S_k memory): set the "

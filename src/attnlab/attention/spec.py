@@ -133,11 +133,12 @@ class AttentionSpec:
         return TRANSFORMS[self.transform](self.transform_options, num_heads, receives_logits)
 
     def build_head_scheme(self, num_heads: int, head_dim: int, value_dim: int | None = None,
-                          embed_dim: int | None = None, layer_index: int = 0) -> HeadScheme | None:
+                          embed_dim: int | None = None, layer_index: int = 0,
+                          bias: bool = True) -> HeadScheme | None:
         if self.head_scheme is None:
             return None
         return HEAD_SCHEMES[self.head_scheme](self.head_options, num_heads, head_dim, value_dim,
-                                              embed_dim, layer_index)
+                                              embed_dim, layer_index, bias)
 
     def for_decoder(self, fallback: AttentionSpec | Mapping[str, Any] | str = "unas") -> AttentionSpec:
         """The spec for the decoder of a task that applies this spec to its encoder.

@@ -1,5 +1,6 @@
 """`SchemeParameters`: what the schemes' own parameters do over training, whatever the scheme
-(HNAS's mix u, a sink's b, SSMax's c, ...), as each scheme reports them (`Normalizer.reported`).
+(HNAS's mix u, a sink's b, SSMax's c, diff's lambda, the output gate, ...), as each scheme module
+reports them (`SchemeModule.reported`).
 
 For each reported quantity `<scheme>_<name>` (e.g. `hnas_u`) it logs `<scheme>/<name>/layer{l}`
 (the layer mean) and `<scheme>/<name>/layer{l}/head{h}` every N steps, one chart with a line per
@@ -14,17 +15,10 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 from attnlab.attention import scheme_values
-from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS
+from attnlab.attention.schemes import reported_label
 from attnlab.figures import save_png
 from attnlab.fsdp import full_parameters
 from attnlab.loggers import LoggerAdapter
-
-
-def label(key: str) -> str:
-    """The y label of quantity `<scheme>_<name>`: what its scheme says it is, else its name."""
-    scheme, _, name = key.partition("_")
-    owner = NORMALIZERS.get(scheme) or HEAD_SCHEMES.get(scheme)
-    return getattr(owner, "reported_labels", {}).get(name, f"{scheme} {name}")
 
 
 class SchemeParameters(pl.Callback):
@@ -91,7 +85,7 @@ class SchemeParameters(pl.Callback):
                 ax.plot(steps, [rec[l][h] for rec in values], color=colors[l], alpha=0.2, lw=0.8)
             mean = [sum(rec[l]) / len(rec[l]) for rec in values]
             ax.plot(steps, mean, color=colors[l], lw=2, label=f"layer {l}")
-        ax.set(xlabel="training step", ylabel=label(key),
+        ax.set(xlabel="training step", ylabel=reported_label(key),
                title=f"{key} (thin: heads, thick: layer mean)")
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()

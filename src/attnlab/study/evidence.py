@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-# every job of a sweep writes this file into its run dir (attnlab.runner)
+# every job of a sweep writes this file into its run dir (attnlab.runner, attnlab.run_record)
 METRICS_FILE = "metrics.json"
 
 

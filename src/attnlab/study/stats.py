@@ -1,5 +1,5 @@
 """Comparing a scheme with a baseline over seeds, and the statistics of a pre-registered family
-of contrasts with their power. A leaf module: numpy, scipy and the standard library only.
+of contrasts. A leaf module: numpy, scipy and the standard library only.
 
 Design. A contrast (in a table: a cell) is one scheme against one baseline, e.g. probe=hub_key,
 model=dnas vs model=unas. The two configurations run with the same seeds, so the runs pair by
@@ -12,8 +12,10 @@ finite value (a failed run), or a seed run on one side only, is left out and cou
 each with an equivalence margin: Student-t intervals, paired effect size d_z, probability of
 improvement with its bootstrap interval, paired t-test and TOST, Holm within the family; verdict
 "better", "worse", "equivalent" or "inconclusive" (`VERDICTS`). attnlab.compare, attnlab.report
---baseline and attnlab.reproduce all judge with it. Around it, the planning and sanity pieces: `paired_power` / `seeds_for_power` (how many
-seeds a contrast needs), `did_learn` / `learned_test` (did a run beat its trivial baseline).
+--baseline and attnlab.reproduce all judge with it. Around it, in leaves of their own: planning,
+`attnlab.study.power` (`paired_power` / `seeds_for_power`: how many seeds a contrast needs), and
+sanity, `attnlab.study.learned` (`did_learn` / `learned_test`: did a run beat its trivial
+baseline).
 
 Why Holm within a family. Each contrast alone tests at level alpha; a family of m contrasts read
 together would then find a false "better" or "worse" far more often than alpha. Holm-Bonferroni
@@ -42,21 +44,15 @@ that is "inconclusive". The verdict of a contrast, with adjusted p-values:
 
 Degenerate cases, each one defined on purpose (no 0 / 0, no NaN warnings):
     no pair at all               every statistic NaN (df 0); verdict inconclusive
-    fewer than 2 paired seeds    no test (p, TOST p, intervals, d_z NaN); inconclusive;
-                                 seeds_for_power's minimum is 2
+    fewer than 2 paired seeds    no test (p, TOST p, intervals, d_z NaN); inconclusive
     identical results            (every difference 0, e.g. one configuration run twice)
                                  t = 0, p = 1, d_z = 0, probability of improvement 0.5, TOST p 0:
                                  "equivalent"
     a constant non-zero shift    (differences all equal, not 0) t = ±inf, p = 0 as scipy has it,
                                  d_z = ±inf; TOST p 0 if |shift| < margin else 1; "better"/"worse"
     zero spread in one sample    the t interval of its mean is (mean, mean)
-    sd of differences 0 (power)  power 1 for a non-zero effect, alpha for none
 "All equal" is tested exactly (x == x[0]), not as sd == 0: numpy's sd of equal floats can be
 1e-16 (their mean rounds), which would make a t of 1e16 where the definition above is meant.
-
-`did_learn` decides whether a run beat its task's trivial baseline (the card's `baseline` key)
-by a margin; `learned_test` decides it for an accuracy by an exact binomial test. A run that did
-not learn is a warning in a report, never a result, and enters no verdict.
 
 The probability of improvement is rliable's (Agarwal et al. 2021) for one task, with its
 stratified bootstrap; rliable itself is not a dependency (rliable 1.2.0 needs arch < 8, which
@@ -88,22 +84,6 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     if x.size < 2:
         return float(x[0]), math.nan
     return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size))
-
-
-# How much a run must beat its trivial baseline by to count as having learned: a run within this
-# of the baseline (e.g. accuracy 0.251 against chance 0.25 on a few hundred examples) is noise.
-DID_LEARN_MARGIN = 0.01
-
-
-def did_learn(metric: float, baseline: float, higher_is_better: bool = True,
-              margin: float = DID_LEARN_MARGIN) -> bool:
-    """Whether a run's optimized metric beats the task's trivial baseline (majority class, chance,
-    unigram, lead...) by more than `margin`, in the metric's units and direction. The one place
-    that decides "did not learn": such a run is shown as a warning, never as a result, and enters
-    no verdict. A missing value (NaN: a failed run, or no baseline logged) did not learn."""
-    if not (math.isfinite(metric) and math.isfinite(baseline)):
-        return False
-    return metric > baseline + margin if higher_is_better else metric < baseline - margin
 
 
 @dataclass(frozen=True)
@@ -281,77 +261,6 @@ def tost_paired(scheme: Sequence[float], baseline: Sequence[float], margin: floa
         raise ValueError(f"{a.size} scheme results and {b.size} baseline results cannot pair "
                          "by position; pair them first (attnlab.study.stats.pair)")
     return _tost(a - b, margin)
-
-
-def _power(n: np.ndarray, effect: float, sd: float, alpha: float) -> np.ndarray:
-    """paired_power for an array of n >= 2 with sd > 0. The two-sided power is symmetric in the
-    effect's sign, so the noncentrality is taken positive: the far tail is then tiny, and scipy's
-    noncentral t returns NaN for it at large noncentralities (n = 8, nc 6.6), which counts as 0
-    (a NaN would otherwise turn the sum into NaN, and min(1, NaN) into 1)."""
-    df = n - 1.0
-    nc = abs(effect) / (sd / np.sqrt(n))
-    c = _stats.t.ppf(1.0 - alpha / 2.0, df)
-    near = _stats.nct.sf(c, df, nc)
-    far = np.nan_to_num(_stats.nct.cdf(-c, df, nc), nan=0.0)
-    return near + far
-
-
-def paired_power(n: int, effect: float, sd: float, alpha: float = 0.05) -> float:
-    """Power of the two-sided paired t-test at level `alpha` with `n` pairs when the true mean
-    difference is `effect` and the sd of the differences is `sd` (so d_z = effect / sd): the
-    noncentral t with df n - 1 and noncentrality effect / (sd / sqrt(n)) beyond ±t_{1-alpha/2,
-    n-1}. 0.0 for n < 2 (no test); for sd 0, 1.0 if effect != 0 else alpha; NaN for a NaN effect
-    or sd."""
-    _check_level(alpha, "alpha")
-    if n < 2:
-        return 0.0
-    if math.isnan(effect) or math.isnan(sd):
-        return math.nan
-    if sd < 0.0:
-        raise ValueError(f"sd must be >= 0 (got {sd}); pass the sd of the per-seed differences")
-    if sd == 0.0:
-        return 1.0 if effect != 0.0 else alpha
-    return float(min(1.0, _power(np.asarray(float(n)), effect, sd, alpha)))
-
-
-def seeds_for_power(effect: float, sd: float, alpha: float = 0.05, power: float = 0.8,
-                    minimum: int = 2, maximum: int = 200) -> int:
-    """The smallest number of paired seeds n in [minimum, maximum] with
-    paired_power(n, effect, sd, alpha) >= power; `maximum` when none reaches it (report then the
-    power at maximum, paired_power(maximum, ...)). G*Power's paired t-test, two-sided alpha 0.05,
-    power 0.8: d_z 0.5 -> 34 seeds, 0.8 -> 15, 1.0 -> 10."""
-    _check_level(alpha, "alpha")
-    _check_level(power, "power")
-    if not (math.isfinite(effect) and math.isfinite(sd) and sd >= 0.0):
-        raise ValueError(f"effect and sd must be finite, sd >= 0 (got effect={effect}, sd={sd}); "
-                         "pass the smallest difference worth detecting and the sd of the "
-                         "per-seed differences (e.g. from a pilot with a few seeds)")
-    minimum = max(int(minimum), 2)  # no test with fewer than 2 pairs
-    if int(maximum) < minimum:
-        raise ValueError(f"maximum ({maximum}) is below minimum ({minimum}); pass maximum >= "
-                         "minimum >= 2")
-    if sd == 0.0:
-        return minimum if paired_power(minimum, effect, sd, alpha) >= power else int(maximum)
-    n = np.arange(minimum, int(maximum) + 1, dtype=float)
-    reached = np.flatnonzero(_power(n, effect, sd, alpha) >= power)
-    return int(n[reached[0]]) if reached.size else int(maximum)
-
-
-def learned_test(correct: int, total: int, chance: float, alpha: float = 0.01
-                 ) -> tuple[bool, float]:
-    """Whether a run beat its trivial baseline by an exact test: the one-sided binomial test of
-    `correct` right answers out of `total` against accuracy `chance` (scipy.stats.binomtest,
-    alternative "greater"); returns (p < alpha, p). (False, NaN) when there is nothing to test:
-    total 0, or chance outside [0, 1). Treats answers as independent (examples, not seeds)."""
-    _check_level(alpha, "alpha")
-    if total == 0 or not 0.0 <= chance < 1.0:
-        return False, math.nan
-    if not 0 <= correct <= total:
-        raise ValueError(f"correct ({correct}) must lie in [0, total={total}]; pass the number of "
-                         "right answers out of total")
-    p = float(_stats.binomtest(int(correct), int(total), float(chance),
-                               alternative="greater").pvalue)
-    return p < alpha, p
 
 
 @dataclass(frozen=True)

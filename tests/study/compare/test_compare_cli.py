@@ -5,11 +5,11 @@ import sys
 
 import pytest
 from helpers.paths import CONF, ROOT
-from omegaconf import OmegaConf
 
 from attnlab.attention.schemes import fitting, names
 from attnlab.study.compare import cli
 from attnlab.study.compare.plan import COMMON, discover
+from attnlab.study.compare.probes import probe_cards
 from attnlab.study.launch import slug
 
 
@@ -63,8 +63,7 @@ def test_dry_run_without_a_grid_is_the_pilot_and_quick_is_the_primary_family(tmp
             f"task.module.optimizer.lr=0.003 trainer.max_epochs=1 {' '.join(COMMON)} ") in line
     assert cli.main(args) == 0  # quick: the primary probes, each with its own schemes
     lines = capsys.readouterr().out.splitlines()[:-1]
-    primary = [n for n in discover(CONF, "probe")
-               if OmegaConf.load(CONF / "probe" / f"{n}.yaml").probe.compare.family == "primary"]
+    primary = [n for n, card in probe_cards(CONF).items() if card.primary]
     assert len(primary) >= 2
     assert sorted(x.split(" probe=")[1].split()[0] for x in lines) == primary
     assert all(" seed=1,2,3 " in x for x in lines)  # the pilot's seeds

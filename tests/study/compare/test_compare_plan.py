@@ -24,7 +24,7 @@ from attnlab.study.compare.plan import (
 )
 from attnlab.study.compare.probes import MAIN, NEGATIVE, POSITIVE, Condition, Control
 from attnlab.study.evidence import Run
-from attnlab.study.stats import seeds_for_power
+from attnlab.study.power import seeds_for_power
 
 LR = 3e-3
 

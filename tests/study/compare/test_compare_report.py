@@ -18,7 +18,7 @@ from attnlab.study.compare.analysis import (
 from attnlab.study.compare.plan import MAX_NEEDED
 from attnlab.study.compare.probes import MAIN, NEGATIVE, POSITIVE
 from attnlab.study.compare.writeup import FOREST, contrast_rows, log_to_wandb, write_report
-from attnlab.study.stats import paired_power
+from attnlab.study.power import paired_power
 
 _NOISE = (0.0, 0.02, -0.01, 0.015, 0.005, -0.005, 0.01, -0.02)
 

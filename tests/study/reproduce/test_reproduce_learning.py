@@ -8,10 +8,10 @@ from pathlib import Path
 from helpers.paths import ROOT
 
 from attnlab.study.evidence import NOT_TESTED, Run
+from attnlab.study.learned import DID_LEARN_MARGIN
 from attnlab.study.reproduce import coda_diversity, explaining_away, head_diversity
 from attnlab.study.reproduce.plan import Plan
 from attnlab.study.reproduce.results import Results
-from attnlab.study.stats import DID_LEARN_MARGIN
 
 
 def write_task(conf: Path, name: str, claims: str, baseline: str | None = "val/baseline_acc",

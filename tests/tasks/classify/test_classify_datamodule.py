@@ -15,9 +15,14 @@ FIXTURES = FIXTURE_ROOT / "classify"
 DEB = FIXTURES / "debian"
 
 
+# what these tests ran with before the datamodule's defaults became conf/task/classify.yaml's
+OWN = {"debian_dir": "unused", "max_length": 128, "max_train_examples": None,
+       "max_eval_examples": None, "cache_dir": None}
+
+
 def make(source="tsv", data_dir=FIXTURES / "reviews", **kwargs) -> ClassifyDataModule:
     kwargs.setdefault("min_frequency", 1)
-    dm = ClassifyDataModule(source=source, data_dir=str(data_dir), seed=3, **kwargs)
+    dm = ClassifyDataModule(source=source, data_dir=str(data_dir), seed=3, **{**OWN, **kwargs})
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -92,7 +97,8 @@ def test_snli_batches_hold_premise_and_hypothesis_separately():
 def test_debian_default_source_through_the_datamodule(tmp_path):
     debian_sections.prepare(tmp_path, packages_files=[DEB / "Packages-security", DEB / "Packages"],
                             translation_files=[DEB / "Translation-en"])
-    dm = ClassifyDataModule(debian_dir=str(tmp_path), min_examples=3, fractions=(0.5, 0.25, 0.25), seed=0)
+    dm = ClassifyDataModule(**{**OWN, "debian_dir": str(tmp_path)}, min_examples=3,
+                            fractions=(0.5, 0.25, 0.25), seed=0)
     dm.prepare_data()
     assert dm.model_kwargs()["label_names"] == ["games", "libs", "python"]
     assert sum(len(dm.data[s]) for s in ("train", "val", "test")) == 11

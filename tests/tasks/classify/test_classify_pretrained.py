@@ -68,7 +68,7 @@ def test_pretrained_encoder_needs_the_wordpiece_vocabulary_and_valid_layers():
 def test_bert_weights_train_at_the_pretrained_rate_and_u_at_its_param_lr():
     net = SelfAttentiveClassifier({"scheme": "hnas", "param_lr": 0.05}, VOCAB, num_classes=3, encoder="pretrained", hops=2,
                                   attention_unit=8, fc_dim=8, pretrained_layers=1)
-    module = ClassifyModule(net, partial(torch.optim.AdamW, lr=1e-3), pretrained_lr=2e-5)
+    module = ClassifyModule(net, partial(torch.optim.AdamW, lr=1e-3), None, pretrained_lr=2e-5)
     groups = module.parameter_groups()
     bert = {id(p) for p in net.encoder.pretrained_parameters()}
     u = [p for n, p in net.named_parameters() if n.endswith("hybrid_logit")]

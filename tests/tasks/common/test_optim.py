@@ -69,8 +69,9 @@ def test_the_schedules_at_their_edges_follow_the_formulas():
     """The boundaries a short run or a paper's recipe meets (survivors of `make mutate`)."""
     # warmup 1 is one step, not the whole run: only a warmup below 1 is a share
     assert warmup_steps(1, 1000) == 1 and warmup_steps(1.5, 1000) == 1
-    # the defaults: no warmup, down to 0 (linear: (total - s) / total; cosine over 2 steps)
-    assert rates(partial(linear_schedule, total_steps=4), 5) == pytest.approx(
+    # no warmup (cosine's default; linear takes the task's), down to 0 (linear: (total - s) / total;
+    # cosine over 2 steps)
+    assert rates(partial(linear_schedule, total_steps=4, warmup=0), 5) == pytest.approx(
         [LR, 3 * LR / 4, LR / 2, LR / 4, 0.0], abs=1e-12)
     assert rates(partial(cosine_schedule, total_steps=2), 3) == pytest.approx(
         [LR, LR / 2, 0.0], abs=1e-12)

@@ -10,7 +10,16 @@ import math
 
 import pytest
 import torch
-from helpers.seq2seq_cases import BOS, EOS, PAD, assert_beam_one_is_greedy, padded_sources, peaked
+from helpers.seq2seq_cases import (
+    BERT_STYLE,
+    BOS,
+    EOS,
+    FAIRSEQ_STYLE,
+    PAD,
+    assert_beam_one_is_greedy,
+    padded_sources,
+    peaked,
+)
 
 from attnlab.attention import DecoderCache, PrefixCache
 from attnlab.errors import ConfigError
@@ -21,12 +30,8 @@ from tasks.common.decoding import (
 )
 from tasks.common.seq2seq import Seq2SeqTransformer, sinusoids
 
-# what the tasks pass (headline: the defaults; mt: the net node of conf/task/mt.yaml)
-STYLES = {
-    "headline": {},
-    "mt": {"positions": "sinusoidal", "lm_head": False, "weight_init": "fairseq", "activation": "relu",
-           "layer_norm_eps": 1e-5},
-}
+# what the tasks pass (the net nodes of conf/task/headline.yaml and conf/task/mt.yaml)
+STYLES = {"headline": BERT_STYLE, "mt": FAIRSEQ_STYLE}
 
 
 def tiny_model(vocab=40, attention="hnas", seed=0, style="headline", **kwargs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.seq2seq_cases import BERT_STYLE
 
 from tasks.common.decoding import beam_search, greedy_decode, strip_generated
 from tasks.common.seq2seq import Seq2SeqTransformer
@@ -68,8 +69,9 @@ def test_tiny_model_memorizes_pairs_and_greedy_reproduces_them(one_thread):
     vocab = 30
     torch.manual_seed(0)
     model = Seq2SeqTransformer(vocab, PAD, attention={"scheme": "hnas", "hybrid_init": 0.1}, d_model=32,
-                               dim_feedforward=64, dropout=0.0, max_source_positions=16,
-                               max_target_positions=12)
+                               num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64,
+                               dropout=0.0, max_source_positions=16, max_target_positions=12,
+                               **BERT_STYLE)
     gen = torch.Generator().manual_seed(7)
     sources = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (7, 10, 5, 9)]
     headlines = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (4, 6, 3, 5)]

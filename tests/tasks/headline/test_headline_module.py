@@ -9,6 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from helpers.paths import FIXTURES as FIXTURE_ROOT
+from helpers.seq2seq_cases import BERT_STYLE
 
 from attnlab.errors import ConfigError
 from tasks.common.bert_assets import CLS_ID, PAD_ID, SEP_ID, UNK_ID
@@ -20,8 +21,12 @@ from tasks.headline.module import HeadlineModule
 from tasks.headline.network import HeadlineTransformer
 
 FIXTURES = FIXTURE_ROOT / "headline"
-TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 32}
-TINY = {"val_decode_batches": 1, "max_decode_length": 6, "beam_size": 2}
+# attention_dropout None: the dropout's (0.1), what these tests ran with before
+TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
+            "dim_feedforward": 32, "attention_dropout": None, **BERT_STYLE}
+TINY = {"val_decode_batches": 1, "max_decode_length": 6, "beam_size": 2, "length_penalty": 0.6}
+# source=gigaword reads gigaword_dir only
+UNUSED_DIRS = {"debian_dir": "unused", "pairs_dir": "unused"}
 
 
 def tiny_module(data_kwargs: dict, attention, **net_options) -> HeadlineModule:
@@ -36,6 +41,7 @@ def gigaword_datamodule(**kwargs):
     return HeadlineDataModule(
         source="gigaword",
         gigaword_dir=str(FIXTURES / "gigaword"),
+        **UNUSED_DIRS,
         max_source_length=32,
         max_target_length=12,
         batch_size=2,
@@ -78,9 +84,9 @@ def test_datamodule_batches_and_model_kwargs():
 
 def test_datamodule_rejects_bad_source():
     with pytest.raises(ConfigError, match="source"):
-        HeadlineDataModule(source="cnn")
+        HeadlineDataModule(source="cnn", **UNUSED_DIRS)
     with pytest.raises(ConfigError, match="gigaword_dir"):
-        HeadlineDataModule(source="gigaword")
+        HeadlineDataModule(source="gigaword", **UNUSED_DIRS)
 
 
 def _rows(folder):
@@ -210,6 +216,7 @@ def test_bert2bert_mapping_covers_all_but_cross_attention():
         dim_feedforward=32,
         max_source_positions=12,
         max_target_positions=6,
+        **BERT_STYLE,
     )
     left = load_bert_into(model, sd)
     # Random on purpose: cross-attention and the LayerNorm after it, the LM head, HNAS u.
@@ -273,7 +280,8 @@ def test_bert_init_encoder_equals_hf_bert():
 
     sizes = bert_sizes({"dropout": 0.1}, 32, 16)
     model = Seq2SeqTransformer(
-        30522, 0, attention="unas", max_source_positions=32, max_target_positions=16, **sizes
+        30522, 0, attention="unas", max_source_positions=32, max_target_positions=16, **sizes,
+        **BERT_STYLE,
     ).eval()
     load_bert_into(model)
     hf = transformers.BertModel.from_pretrained(bert_dir()).eval()

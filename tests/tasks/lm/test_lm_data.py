@@ -23,8 +23,17 @@ def lines_of(path):
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
+# what these tests ran with before LMDataModule's defaults became conf/task/lm.yaml's
+BEFORE = {"debian_dir": "data/debian", "eval_stride": None, "eval_batch_size": None, "seed": 42,
+          "cache_dir": None}
+
+
+def lm_datamodule(**kwargs) -> LMDataModule:
+    return LMDataModule(**{**BEFORE, **kwargs})
+
+
 def datamodule(**kwargs):
-    dm = LMDataModule(**{"block_size": 8, "eval_stride": 3, "batch_size": 4, "seed": 5, **kwargs})
+    dm = lm_datamodule(**{"block_size": 8, "eval_stride": 3, "batch_size": 4, "seed": 5, **kwargs})
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -105,21 +114,21 @@ def test_plain_text_files_are_word_level_paragraphs():
 
 def test_readers_and_options_fail_with_the_fix(tmp_path):
     with pytest.raises(DataError, match="task.data_dir") as err:
-        LMDataModule(source="wikitext", data_dir=str(tmp_path)).prepare_data()
+        lm_datamodule(source="wikitext", data_dir=str(tmp_path)).prepare_data()
     assert "wiki.train.tokens" in str(err.value)
     (tmp_path / "wiki.train.raw").write_text(" = A = \n")
     with pytest.raises(DataError, match="raw"):
-        LMDataModule(source="wikitext", data_dir=str(tmp_path)).prepare_data()
+        lm_datamodule(source="wikitext", data_dir=str(tmp_path)).prepare_data()
     with pytest.raises(ConfigError, match="task.data_dir"):
-        LMDataModule(source="ptb")
+        lm_datamodule(source="ptb")
     with pytest.raises(ConfigError, match="one of"):
-        LMDataModule(source="ptb", data_dir=str(LM / "ptb"), files=["a.txt"])
+        lm_datamodule(source="ptb", data_dir=str(LM / "ptb"), files=["a.txt"])
     with pytest.raises(ConfigError, match="eval_stride"):
-        LMDataModule(block_size=8, eval_stride=9)
+        lm_datamodule(block_size=8, eval_stride=9)
     with pytest.raises(ConfigError, match="task.source"):
-        LMDataModule(source="wikitext103")
+        lm_datamodule(source="wikitext103")
     with pytest.raises(DataError, match="task.data.files"):
-        LMDataModule(files=[str(tmp_path / "missing.txt")]).prepare_data()
+        lm_datamodule(files=[str(tmp_path / "missing.txt")]).prepare_data()
 
 
 def test_empty_or_non_utf8_files_are_data_errors_naming_them(tmp_path):
@@ -129,7 +138,7 @@ def test_empty_or_non_utf8_files_are_data_errors_naming_them(tmp_path):
         (ptb / name).write_bytes((LM / "ptb" / name).read_bytes())
     (ptb / "ptb.valid.txt").write_text("")
     with pytest.raises(DataError, match=r"ptb\.valid\.txt are empty"):  # in prepare_data, before any work
-        LMDataModule(source="ptb", data_dir=str(ptb)).prepare_data()
+        lm_datamodule(source="ptb", data_dir=str(ptb)).prepare_data()
     # a large corpus is read line by line: the offset counts the bytes of the lines before
     train = (LM / "ptb" / "ptb.train.txt").read_bytes()
     (ptb / "ptb.valid.txt").write_bytes(train[:20] + b"\xff" + train[20:])

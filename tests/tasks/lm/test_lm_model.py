@@ -137,7 +137,8 @@ def test_evaluation_shards_score_every_window_once():
 
 
 def test_prompts_are_beginnings_of_test_segments():
-    dm = LMDataModule(source="wikitext", data_dir=str(LM / "wikitext"), block_size=8)
+    dm = LMDataModule(source="wikitext", data_dir=str(LM / "wikitext"), debian_dir="unused",
+                      block_size=8, eval_stride=None, eval_batch_size=None, seed=42, cache_dir=None)
     dm.prepare_data()
     dm.setup("fit")
     prompts = dm.prompts("test", count=2, length=3)

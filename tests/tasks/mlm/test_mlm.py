@@ -22,6 +22,8 @@ TRANSLATIONS = [FIXTURES / "Translation-en", FIXTURES / "Translation-en-updates"
 PLAIN = FIXTURES / "paragraphs.txt"
 TINY_MODEL = {"d_model": 32, "num_layers": 2, "nhead": 2, "dim_feedforward": 64}
 OPTIMIZERS = {"adamw": "torch.optim.AdamW", "lamb": "pytorch_optimizer.Lamb"}
+# what these tests ran with before MLMDataModule's defaults became conf/task/mlm.yaml's
+BEFORE = {"data_dir": "data/debian", "max_length": 128, "batch_size": 32, "seed": 42}
 
 
 def test_init_bert_equals_transformers_bert_model():
@@ -81,7 +83,8 @@ def test_packing_keeps_every_token_and_separates_words():
 
 
 def test_datamodule_masks_anew_each_training_epoch_only(tmp_path):
-    dm = MLMDataModule(files=[str(PLAIN)], fractions=(0.6, 0.2, 0.2), max_length=64, batch_size=4, seed=3)
+    dm = MLMDataModule(**{**BEFORE, "max_length": 64, "batch_size": 4, "seed": 3},
+                       files=[str(PLAIN)], fractions=(0.6, 0.2, 0.2))
     dm.prepare_data()
     dm.setup("fit")
     # the unigram baseline's word piece: the most frequent of the training text ([CLS]/[SEP] aside)
@@ -106,15 +109,16 @@ def test_datamodule_masks_anew_each_training_epoch_only(tmp_path):
 
 def test_datamodule_errors_name_the_fix(tmp_path):
     with pytest.raises(DataError, match="task.data.files"):
-        MLMDataModule(files=[str(tmp_path / "missing.txt")]).prepare_data()
-    dm = MLMDataModule(files=[str(FIXTURES / "plain.txt")])  # 3 paragraphs: no val split at 1%
+        MLMDataModule(**BEFORE, files=[str(tmp_path / "missing.txt")]).prepare_data()
+    # 3 paragraphs: no val split at 1%
+    dm = MLMDataModule(**BEFORE, files=[str(FIXTURES / "plain.txt")])
     with pytest.raises(DataError, match="fractions"):
         dm.setup("fit")
 
 
 def _tiny_run(tmp_path, attention, optimizer, data, **module_args):
     pl.seed_everything(0)
-    dm = MLMDataModule(max_length=48, batch_size=4, seed=0, **data)
+    dm = MLMDataModule(**{**BEFORE, "max_length": 48, "batch_size": 4, "seed": 0, **data})
     dm.prepare_data()
     dm.setup("fit")
     module = task_module("mlm", attention, dm.model_kwargs(), **{"optimizer._target_": OPTIMIZERS[optimizer]},

@@ -19,6 +19,8 @@ FIXTURES = FIXTURE_ROOT / "mt"
 ENGLISH = FIXTURES / "debian" / "Translation-en"
 GERMAN = FIXTURES / "debian" / "Translation-de"
 IWSLT = FIXTURES / "iwslt14"
+# source=files reads data_dir only
+UNUSED_DIRS = {"pairs_dir": "unused", "english_dir": "unused", "german_dir": "unused"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +305,8 @@ def test_datamodule_batches_debian_pairs(tmp_path):
 def test_datamodule_reads_fairseq_files_both_ways_and_drops_long_training_pairs(tmp_path):
     def module(src, tgt, **kwargs):
         return TranslationDataModule(source="files", data_dir=str(IWSLT), src=src, tgt=tgt,
-                                     tokenizer_dir=str(tmp_path / "tok"), vocab_size=300, min_frequency=1, **kwargs)
+                                     tokenizer_dir=str(tmp_path / "tok"), vocab_size=300,
+                                     min_frequency=1, **UNUSED_DIRS, **kwargs)
 
     de_en, en_de = module("de", "en"), module("en", "de")
     for dm in (de_en, en_de):
@@ -324,14 +327,15 @@ def test_datamodule_reads_fairseq_files_both_ways_and_drops_long_training_pairs(
 
 
 def test_datamodule_configuration_errors(tmp_path):
+    dirs = {**UNUSED_DIRS, "tokenizer_dir": str(tmp_path)}
     with pytest.raises(ConfigError, match="data_dir"):
-        TranslationDataModule(source="files")
+        TranslationDataModule(source="files", **dirs)
     with pytest.raises(ConfigError, match="German-English"):
-        TranslationDataModule(src="fr", tgt="en")
+        TranslationDataModule(src="fr", tgt="en", **dirs)
     with pytest.raises(ConfigError, match="task.source"):
-        TranslationDataModule(source="wmt")
+        TranslationDataModule(source="wmt", **dirs)
     with pytest.raises(DataError, match=r"valid\.de.*task.data_dir"):
-        TranslationDataModule(source="files", data_dir=str(tmp_path), tokenizer_dir=str(tmp_path)).prepare_data()
+        TranslationDataModule(source="files", data_dir=str(tmp_path), **dirs).prepare_data()
 
 
 def _fairseq_copy(folder: Path) -> Path:
@@ -343,7 +347,7 @@ def _fairseq_copy(folder: Path) -> Path:
 
 def _files_module(data_dir: Path, tok: Path) -> TranslationDataModule:
     return TranslationDataModule(source="files", data_dir=str(data_dir), tokenizer_dir=str(tok),
-                                 vocab_size=300, min_frequency=1)
+                                 vocab_size=300, min_frequency=1, **UNUSED_DIRS)
 
 
 def test_misaligned_training_files_fail_before_the_bpe_is_trained(tmp_path):

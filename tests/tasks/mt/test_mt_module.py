@@ -28,7 +28,11 @@ FAIRSEQ = {"positions": "sinusoidal", "lm_head": False, "weight_init": "fairseq"
            "layer_norm_eps": 1e-5}
 TINY_NET = {"d_model": 16, "nhead": 2, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 32,
             "dropout": 0.0, "attention_dropout": 0.0, **FAIRSEQ}
-TINY = {"val_decode_batches": 1, "beam_size": 2, "max_len_a": 0.0, "max_len_b": 6}
+# length_penalty 0.6: what these tests ran with before (conf/task/mt.yaml's is 1.0)
+TINY = {"val_decode_batches": 1, "beam_size": 2, "length_penalty": 0.6, "max_len_a": 0.0,
+        "max_len_b": 6}
+# source=files reads data_dir only
+UNUSED_DIRS = {"pairs_dir": "unused", "english_dir": "unused", "german_dir": "unused"}
 DATA = {"bos_id": 1, "eos_id": 2, "tokenizer_file": "unused.json",
         "net": {"vocab_size": 40, "pad_id": 0, "max_source_positions": 16, "max_target_positions": 12}}
 
@@ -75,7 +79,8 @@ def test_inverse_sqrt_schedule_is_fairseqs():
 def test_fit_and_test_write_predictions_and_sacrebleu_scores(tmp_path, one_thread):
     pl.seed_everything(0)
     dm = TranslationDataModule(source="files", data_dir=str(IWSLT), tokenizer_dir=str(tmp_path / "tok"),
-                               vocab_size=300, min_frequency=1, batch_size=7, eval_batch_size=2)
+                               vocab_size=300, min_frequency=1, batch_size=7, eval_batch_size=2,
+                               **UNUSED_DIRS)
     dm.prepare_data()
     dm.setup("fit")
     module = tiny_module({"scheme": "hnas", "param_lr": 0.05}, dm.model_kwargs(), lr=3e-2, warmup=5, max_len_b=12,

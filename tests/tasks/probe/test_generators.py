@@ -1,7 +1,9 @@
 """The probe generators: determinism by seed, the optional fields' invariants, labels and
 shortcuts recomputed by brute force on small cases, and the trivial baselines' scores against
-theory on large samples. The mechanism probes' labels (unmatched, hub, assignment) are checked
-in test_mechanism_generators.py."""
+theory on large samples. The generic tests run on every generator at its defaults (discovered:
+a new generator is covered with no edit here) and on option variants of particular ones. The
+mechanism probes' labels (unmatched, hub, assignment) are checked in
+test_mechanism_generators.py; the contract every probe config keeps, in test_probe_contract.py."""
 
 from collections import Counter
 
@@ -10,35 +12,34 @@ import pytest
 import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from tasks.probe import GENERATORS, clusters, listops, recall, retrieval
 from tasks.probe.data import IGNORE, PAD, REGRESSION, SEQUENCE_CLASS, TOKEN_CLASS, score
+from tasks.probe.generators import GENERATORS, clusters, listops, recall, retrieval
 
-CASES = {
-    "recall": {},
-    "recall_dup_distract": {"num_duplicates": 2, "num_distractors": 3},
-    "clusters_count": {"target": "count"},
-    "clusters_centre": {"target": "centre"},
-    "retrieval": {"num_value_distractors": 3},
-    "retrieval_focus": {"num_value_distractors": 2, "focus_fraction": 0.5, "focus_rows": 30},
-    "listops": {},
-    "unmatched": {},
-    "unmatched_keyonly": {"a_queries": False},
-    "unmatched_disjoint": {"disjoint": True},
-    "unmatched_noaux": {"aux_target": False},
-    "hub": {},
-    "hub_some": {"hub_queries": 6},
-    "hub_every": {"hub_queries": 8, "ask_every_key": True},
-    "hub_zipf": {"popularity": "zipf"},
-    "hub_zipf_every": {"popularity": "zipf", "ask_every_key": True},
-    "assignment": {},
-    "assignment_none": {"collisions": 0.0},
-    "assignment_nearest": {"target": "nearest", "collisions": 0.25},
+# option variants of particular generators: case -> (generator, options)
+VARIANTS = {
+    "recall_dup_distract": ("recall", {"num_duplicates": 2, "num_distractors": 3}),
+    "clusters_centre": ("clusters", {"target": "centre"}),
+    "retrieval_distract": ("retrieval", {"num_value_distractors": 3}),
+    "retrieval_focus": ("retrieval", {"num_value_distractors": 2, "focus_fraction": 0.5,
+                                      "focus_rows": 30}),
+    "unmatched_keyonly": ("unmatched", {"a_queries": False}),
+    "unmatched_disjoint": ("unmatched", {"disjoint": True}),
+    "unmatched_noaux": ("unmatched", {"aux_target": False}),
+    "hub_some": ("hub", {"hub_queries": 6}),
+    "hub_every": ("hub", {"hub_queries": 8, "ask_every_key": True}),
+    "hub_zipf": ("hub", {"popularity": "zipf"}),
+    "hub_zipf_every": ("hub", {"popularity": "zipf", "ask_every_key": True}),
+    "assignment_none": ("assignment", {"collisions": 0.0}),
+    "assignment_nearest": ("assignment", {"target": "nearest", "collisions": 0.25}),
 }
+# every generator at its defaults, then the variants
+CASES = {**{name: (name, {}) for name in GENERATORS}, **VARIANTS}
 OPTIONAL = ("shortcut_features", "aux_targets", "key_only", "query_only", "slots")
 
 
 def make(case: str, n: int, seed: int):
-    return GENERATORS[case.split("_")[0]](n, seed, **CASES[case])
+    name, options = CASES[case]
+    return GENERATORS[name](n, seed, **options)
 
 
 def tensors(data) -> list[torch.Tensor]:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from scipy import stats
 
-from tasks.probe import GENERATORS, assignment, hub, unmatched
 from tasks.probe.data import IGNORE, PAD, plurality_share, rng_for
+from tasks.probe.generators import GENERATORS, assignment, hub, unmatched
 
 # ---- unmatched ------------------------------------------------------------------------------
 
@@ -353,7 +353,7 @@ def test_generators_draw_6000_rows_quickly(probe, options):
 def test_read_at_points_at_the_entry_whose_value_is_the_answer(name, options):
     """Brute force: the token right after the entry an answer is read from is that answer's value
     (colour or value token), at every asked position and nowhere else."""
-    from tasks.probe import GENERATORS
+    from tasks.probe.generators import GENERATORS
 
     data = GENERATORS[name](40, 5, **options)
     low = (data.meta.get("value_range") or data.meta["colours"])[0]

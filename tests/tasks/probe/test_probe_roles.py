@@ -163,7 +163,8 @@ def test_no_roles_and_roles_all_false_are_the_same_network(scheme, one_thread):
 def hub_zipf(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("hub", {"num_pairs": 6, "num_queries": 4, "key_vocab": 8,
                                  "value_vocab": 8, "popularity": "zipf", "ask_every_key": True},
-                         **{"n_train": 64, "n_val": 32, "n_test": 32, "batch_size": 16, **sizes})
+                         **{"n_train": 64, "n_val": 32, "n_test": 32, "batch_size": 16,
+                            "data_seed": 0, "seed": None, **sizes})
     dm.setup()
     return dm
 
@@ -219,7 +220,8 @@ def module_for(dm: ProbeDataModule, scheme: str = "unas", layers: int = 1,
 
 def unmatched(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("unmatched", {"num_objects": 3, "object_vocab": 8, "num_colours": 4},
-                         **{"n_train": 64, "n_val": 48, "n_test": 40, "batch_size": 16, **sizes})
+                         **{"n_train": 64, "n_val": 48, "n_test": 40, "batch_size": 16,
+                            "data_seed": 0, "seed": None, **sizes})
     dm.setup()
     return dm
 
@@ -379,7 +381,7 @@ def head_slots(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("retrieval", {"seq_len": 12, "num_slots": 2, "num_values": 3,
                                        "num_filler": 4, "num_value_distractors": 1},
                          **{"n_train": 32, "n_val": 32, "n_test": 40, "eval_batch_size": 16,
-                            **sizes})
+                            "data_seed": 0, "batch_size": 64, "seed": None, **sizes})
     dm.setup()
     return dm
 
@@ -463,7 +465,8 @@ def test_clusters_shortcut_is_fitted_on_the_training_rows_only(monkeypatch):
     fit = Pipeline.fit
     monkeypatch.setattr(Pipeline, "fit", lambda self, x, y, **kw: (fitted.append((x, y)),
                                                                   fit(self, x, y, **kw))[1])
-    sizes = {"n_train": 60, "n_val": 200, "n_test": 100}
+    sizes = {"n_train": 60, "n_val": 200, "n_test": 100, "data_seed": 0, "batch_size": 64,
+             "seed": None}
     options = {"num_points": 16, "min_clusters": 2, "max_clusters": 4}
     dm = ProbeDataModule("clusters", options, **sizes)
     dm.setup()

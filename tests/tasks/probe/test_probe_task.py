@@ -17,27 +17,20 @@ from omegaconf import OmegaConf
 
 from attnlab.errors import ConfigError
 from attnlab.task_module import build_module
-from tasks.probe import GENERATORS
 from tasks.probe.data import IGNORE
 from tasks.probe.datamodule import ProbeDataModule
+from tasks.probe.generators import GENERATORS
 from tasks.probe.module import ProbeModule
 from tasks.probe.network import ProbeEncoder
 
 PROBES = sorted(p.stem for p in (CONF / "probe").glob("*.yaml"))
-# the probes whose data carry slots: test/collision_rate is logged for them only
-SLOTTED = {"head_slots"}
 
 
 def datamodule(probe: str, options: dict, **sizes) -> ProbeDataModule:
-    dm = ProbeDataModule(probe, options, **{"n_train": 200, "n_val": 60, "n_test": 40, **sizes})
+    dm = ProbeDataModule(probe, options, **{"n_train": 200, "n_val": 60, "n_test": 40,
+                                            "data_seed": 0, "batch_size": 64, "seed": None, **sizes})
     dm.setup()
     return dm
-
-
-def test_the_probe_set_is_the_reworked_one():
-    """The conf/probe group the tests below iterate over (a probe added or retired shows here)."""
-    assert PROBES == ["assignment", "clusters", "head_slots", "hub_key", "hub_key_zipf", "listops",
-                      "recall_distractors", "unmatched_key"]
 
 
 def test_the_splits_are_cut_from_one_draw_without_overlap():
@@ -151,26 +144,38 @@ def test_validation_accuracy_and_baseline_match_a_count_by_hand(probe, options, 
     assert out.shape == (n, dm.data.num_classes) and labels.shape == (n,)
 
 
-def probe_file_value(probe: str, section: str, key: str):
-    """`section.key` as conf/probe/<probe>.yaml writes it, or as the probe it builds on does."""
+def probe_file_value(probe: str, key: str):
+    """`key` as conf/probe/<probe>.yaml writes it (the group's own package: `lr`, `net.nhead`),
+    or as the probe it builds on does; None where neither does."""
     raw = OmegaConf.load(CONF / "probe" / f"{probe}.yaml")
-    value = OmegaConf.select(raw, f"{section}.{key}")
+    value = OmegaConf.select(raw, key)
     if value is None:
-        (parent,) = [d for d in raw.get("defaults", []) if d != "_self_"]
-        return probe_file_value(parent, section, key)
+        parents = [d for d in raw.get("defaults", []) if d != "_self_"]
+        return probe_file_value(parents[0], key) if parents else None
     return value
 
 
 @pytest.mark.parametrize("probe", PROBES)
-def test_a_probes_learning_rate_and_epochs_have_one_home(probe):
+def test_a_probes_learning_rate_epochs_and_network_have_one_home(probe):
     """The run's learning rate and epochs are those its conf/probe/<probe>.yaml shows: the task's
-    file gives them no value (`???`) that every probe would override unseen."""
+    file gives them no value (`???`) that every probe would override unseen; its network sizes
+    are the probe's `net`, else the task's `probe.net` defaults; and a probe file sets nothing
+    outside the probe's own keys (no `# @package _global_`)."""
     task = OmegaConf.load(CONF / "task" / "probe.yaml")
-    assert OmegaConf.is_missing(task.probe, "lr") and OmegaConf.is_missing(task.trainer, "max_epochs")
+    assert OmegaConf.is_missing(task.probe, "lr") and OmegaConf.is_missing(task.probe, "max_epochs")
+    assert OmegaConf.to_container(task.trainer)["max_epochs"] == "${probe.max_epochs}"
+    assert "@package" not in (CONF / "probe" / f"{probe}.yaml").read_text()
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["task=probe", f"probe={probe}", "logger=none"])
-    assert cfg.task.module.optimizer.lr == probe_file_value(probe, "probe", "lr")
-    assert cfg.trainer.max_epochs == probe_file_value(probe, "trainer", "max_epochs")
+        # what users and compare's controls type still wins over the probe's value
+        typed = compose("train", overrides=["task=probe", f"probe={probe}", "logger=none",
+                                            "trainer.max_epochs=1", "task.module.net.nhead=1"])
+    assert cfg.task.module.optimizer.lr == probe_file_value(probe, "lr")
+    assert cfg.trainer.max_epochs == probe_file_value(probe, "max_epochs")
+    for key in ("d_model", "nhead", "num_layers", "dim_feedforward"):
+        own = probe_file_value(probe, f"net.{key}")
+        assert cfg.task.module.net[key] == (task.probe.net[key] if own is None else own), key
+    assert typed.trainer.max_epochs == 1 and typed.task.module.net.nhead == 1
 
 
 @pytest.mark.parametrize("probe", PROBES)
@@ -200,6 +205,14 @@ def test_every_probe_config_builds_a_model_that_trains(probe, one_thread):
     assert losses[1] < losses[0]
 
 
+def carries_slots(run_dir) -> bool:
+    """Whether a run's probe data carry slots (test/collision_rate is logged for those only)."""
+    probe = OmegaConf.load(run_dir / "config.yaml").probe
+    rows = probe.n_train + probe.n_val + probe.n_test
+    options = OmegaConf.to_container(probe.options, resolve=True)
+    return GENERATORS[probe.generator](rows, 0, **options).slots is not None
+
+
 @pytest.mark.slow  # ~30 s: eight tiny runs with every analysis
 def test_every_probe_config_runs_and_writes_the_keys_the_comparison_reads(tmp_path, data_dir):
     """Every conf/probe/*.yaml, tiny, in one multirun (HNAS: u is reported), every analysis."""
@@ -224,7 +237,7 @@ def test_every_probe_config_runs_and_writes_the_keys_the_comparison_reads(tmp_pa
             keys |= {f"explained_away/layer{layer}/{k}" for k in
                      ("share_below_1e-08", "min_col_sum_times_S", "entropy")}
         assert keys <= set(m), keys - set(m)
-        assert ("test/collision_rate" in m) == (probe in SLOTTED), probe
+        assert ("test/collision_rate" in m) == carries_slots(r["_dir"]), probe
         assert 0 <= m["val/baseline_acc"] < 1 and r["scheme_params"]["hnas_u"]
         assert m["test/answers"] >= 32  # at least one answer per test sequence (32 of them)
         # one validation (max_epochs=1): the area under the curve is its accuracy
@@ -236,7 +249,8 @@ def test_token_shift_mixes_each_token_with_its_two_neighbours_only(shift, reach)
     """Without attention layers, a token reaches the logits of its own and (with the shift) its
     neighbours' positions, and nothing else."""
     torch.manual_seed(0)
-    net = ProbeEncoder(5, 12, vocab_size=10, num_layers=0, d_model=8, token_shift=shift).eval()
+    net = ProbeEncoder(5, 12, vocab_size=10, attention="unas", num_layers=0, d_model=8, nhead=2,
+                       dim_feedforward=128, token_shift=shift).eval()
     tokens = torch.randint(1, 10, (1, 12))
     other = tokens.clone()
     other[0, 5] = 1 + tokens[0, 5] % 9

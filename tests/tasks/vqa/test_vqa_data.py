@@ -23,9 +23,11 @@ TINY = {
     "max_boxes": 24,
     "feature_dim": 40,
     "max_objects": 6,
+    # what these tests ran with before SyntheticParams' defaults became conf/task/vqa.yaml's
+    "annotator_noise": 0.15,
 }
 # big enough for statistics, generated once per module (about a second)
-MEDIUM = {"n_train_images": 600, "n_val_images": 200, "n_test_images": 200}
+MEDIUM = {"n_train_images": 600, "n_val_images": 200, "n_test_images": 200, "annotator_noise": 0.15}
 
 
 def vqav2_config(root: Path) -> dict:
@@ -87,8 +89,10 @@ def test_datamodule_on_vqav2_fixtures():
     dm = VQADataModule(
         data_dir="unused",
         source="vqav2",
+        synthetic=None,
         vqav2=vqav2_config(FIXTURES),
         batch_size=2,
+        eval_batch_size=None,
         answer_vocab_size=4,
     )
     dm.prepare_data()
@@ -117,7 +121,8 @@ def test_answer_vocab_counts_normalized_answers():
 def test_missing_feature_file_is_a_data_error_naming_it(fixture_copy):
     missing = fixture_copy / "features/view_c/COCO_train2014_000000000025_info.npy"
     missing.unlink()
-    dm = VQADataModule(data_dir="unused", source="vqav2", vqav2=vqav2_config(fixture_copy))
+    dm = VQADataModule(data_dir="unused", source="vqav2", synthetic=None,
+                       vqav2=vqav2_config(fixture_copy), eval_batch_size=None)
     with pytest.raises(DataError, match="COCO_train2014_000000000025_info.npy"):
         dm.setup("fit")
 
@@ -140,7 +145,8 @@ def test_missing_or_corrupt_json_is_a_data_error(fixture_copy):
     with pytest.raises(DataError, match="v2_mscoco_train2014_annotations.json"):
         read_split(cfg["train"]["questions"], cfg["train"]["annotations"])
     Path(cfg["val"]["questions"]).unlink()
-    dm = VQADataModule(data_dir="unused", source="vqav2", vqav2=cfg)
+    dm = VQADataModule(data_dir="unused", source="vqav2", synthetic=None, vqav2=cfg,
+                       eval_batch_size=None)
     with pytest.raises(DataError, match="task.vqav2.val.questions=.* does not exist"):
         dm.prepare_data()
 
@@ -299,7 +305,8 @@ def test_cache_is_written_once_atomically(tmp_path):
 def test_question_prior_baseline_on_fixtures():
     """The blind baseline: best training answer per question string, else per question type."""
     dm = VQADataModule(
-        data_dir="unused", source="vqav2", vqav2=vqav2_config(FIXTURES), answer_vocab_size=4
+        data_dir="unused", source="vqav2", synthetic=None, vqav2=vqav2_config(FIXTURES),
+        answer_vocab_size=4, eval_batch_size=None,
     )
     dm.setup("fit")
     prior = dm.question_prior("val")
@@ -310,7 +317,8 @@ def test_question_prior_baseline_on_fixtures():
 
 
 def test_synthetic_batches_carry_the_analysis_fields(tmp_path):
-    dm = VQADataModule(str(tmp_path), synthetic=TINY, batch_size=8, max_boxes=24)
+    dm = VQADataModule(str(tmp_path), synthetic=TINY, vqav2=None, batch_size=8, eval_batch_size=None,
+                       max_boxes=24)
     dm.prepare_data()
     dm.setup("fit")
     arrays = synthetic.load(synthetic.cache_path(tmp_path, dm.synthetic_params))
@@ -332,7 +340,7 @@ def test_mirror_primary_gives_every_primary_box_a_secondary_near_duplicate():
     and proposes the same background regions (with their texture); the boxes of objects the
     primary misses are then the only secondary boxes without a primary box on top of them."""
     params = synthetic.SyntheticParams(seed=0, mirror_primary=True, n_train_images=150, n_val_images=4,
-                                       n_test_images=4)
+                                       n_test_images=4, annotator_noise=0.15)
     data = synthetic.generate(params)
     seen = data["train_object_seen"]
     assert seen[seen[:, 0]].all()  # what the primary sees, every view sees

@@ -23,6 +23,8 @@ TINY = {
     "questions_per_image": 4,
     "max_boxes": 20,
     "max_objects": 6,
+    # what these tests ran with before SyntheticParams' defaults became conf/task/vqa.yaml's
+    "annotator_noise": 0.15,
 }
 
 
@@ -57,7 +59,8 @@ def test_fusion_output_is_primary_plus_attended_raw_secondary_features(scheme):
 
 def test_fusion_has_one_attention_layer_per_secondary_view_without_value_projection():
     model = VQAModel(
-        AttentionSpec("hnas"), vocab_size=10, num_answers=5, feature_dim=12, num_views=3
+        AttentionSpec("hnas"), vocab_size=10, num_answers=5, feature_dim=12, num_views=3,
+        fusion_dropout=0.1,
     )
     layers = attention_modules(model)
     assert [name for name, _ in layers] == ["fusion.attention.0", "fusion.attention.1"]
@@ -82,7 +85,8 @@ def test_fusion_heads_that_do_not_divide_the_features_name_the_key_the_user_type
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     dm = VQADataModule(
-        str(tmp_path_factory.mktemp("vqa")), synthetic=TINY, batch_size=16, max_boxes=20
+        str(tmp_path_factory.mktemp("vqa")), synthetic=TINY, vqav2=None, batch_size=16,
+        eval_batch_size=None, max_boxes=20
     )
     dm.prepare_data()
     dm.setup("fit")

@@ -1,5 +1,5 @@
-"""Every kernel that the schemes' fast paths run (`attnlab.attention.paths` says which path runs
-which kernel, and when; docs/attention.md has the table):
+"""Every kernel that the schemes' fast paths run (each scheme's file under attention/schemes/
+declares its paths, `attnlab.attention.paths` is the mechanism; docs/attention.md has the table):
 
 - `sdpa.py`: UNAS through `scaled_dot_product_attention` (CUDA flash / memory-efficient; CPU flash
   and math), with key and query padding, causal masks and dropout;
@@ -9,9 +9,9 @@ which kernel, and when; docs/attention.md has the table):
   built;
 - `triton_query_normalized.py` (+ `_triton_kernels.py`, `_triton_tiles.py`): DNAS / HNAS on CUDA as Triton kernels
   (triton is imported lazily: CPU-only installs never need it); `triton_ops.py` registers them as
-  torch ops so `torch.compile` traces through them; `_triton_configs.py`: their autotune configs;
-  `triton_offline.py`: them compiled for H100 / A100 without a GPU (shared memory, registers,
-  spills per tile: docs/gpu.md);
+  torch ops so `torch.compile` traces through them; `_triton_configs.py`: their autotune configs
+  (compiled for H100 / A100 without a GPU by the build tool `bench/triton_offline.py`: shared
+  memory, registers, spills per tile, docs/gpu.md);
 - `flex.py`: DNAS / HNAS / Sinkhorn-k on CUDA through PyTorch's FlexAttention (block masks for
   padding, sliding windows, documents; no dropout); `cuda_choices.json`: which of Triton / Flex
   serves each shape, written by `bench/attention.py --device cuda --write-choices`;

@@ -54,12 +54,12 @@ _MAX_TILE = {"column": 128 * 256, "forward": 128 * 128, "backward_kv": 64 * 128,
              "backward_q": 64 * 128, "backward_dv_dc": 128 * 128, "backward_dk_dq": 128 * 128}
 # Tiles that spill registers (or overflow shared memory: forward 64x64 at d = 256 on A100,
 # 168.5 KB) on H100 (90: sm_90a) or A100 (80: sm_80), found by compiling every config for both
-# on a CPU (`python -m attnlab.attention.kernels.triton_offline --every-config`, bf16, Triton
+# on a CPU (`python bench/triton_offline.py --every-config`, bf16, Triton
 # 3.7.1; table in docs/gpu.md): (arch, kernel, HNAS, head dims up to) -> (owned, swept, warps)
 # left out. A spilling tile still runs, slowly, and the autotuner may time it fastest of a bad
 # lot; ATTNLAB_TRITON_AUTOTUNE=0 takes the first tile left. Measured, not derived: ptxas' register
 # use is not monotone in the tile (HNAS backward_q at d = 128 spills at 64x64 on H100 and at
-# 128x32 on A100, not the other way round). tests/attention/test_triton_offline_compile.py
+# 128x32 on A100, not the other way round). tests/bench/test_triton_offline.py
 # fails when a tile left here spills.
 _KV = [(128, 32, 8), (64, 64, 8), (64, 32, 4)]  # backward_kv: all but the smallest, on A100
 _FWD_256 = [(64, 64, 4), (64, 32, 4), (32, 32, 4)]  # HNAS forward at d = 256: all but 8 warps

@@ -69,6 +69,16 @@ def scores_may_overflow(q: Tensor, k: Tensor) -> bool:
     return bool(bound > SAFE_SCORE_BOUND)
 
 
+def flash_fits(q: Tensor, k: Tensor, dropout_p: float) -> bool:
+    """Whether `unas_sdpa` may run this call: on the CPU without dropout (ATen's flash kernel),
+    only where the scores cannot overflow it. Not checked under torch.compile: a check of the
+    values would break the graph at every call, and the bound is orders of magnitude above a real
+    model's scores."""
+    if q.device.type != "cpu" or dropout_p != 0.0 or torch.compiler.is_compiling():
+        return True
+    return not scores_may_overflow(q, k)
+
+
 def attend_mask(key_padding_mask: Tensor | None, causal: bool, s_q: int, s_k: int,
                 device: torch.device) -> tuple[Tensor | None, Tensor | None]:
     """(SDPA bool mask or None, bool rows-without-keys or None), both broadcastable to
@@ -135,16 +145,12 @@ def _padded_flash(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | No
 
 def unas_sdpa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
               query_padding_mask: Tensor | None = None, causal: bool = False,
-              dropout_p: float = 0.0, backends: list | None = None) -> Tensor | None:
-    """UNAS output (B, H, S_q, d_v) in q's dtype; None where the CPU flash kernel could overflow."""
+              dropout_p: float = 0.0, backends: list | None = None) -> Tensor:
+    """UNAS output (B, H, S_q, d_v) in q's dtype (on the CPU, ATen's flash kernel without
+    dropout: callers check `flash_fits` first)."""
     on_cpu = q.device.type == "cpu"
     if backends is None:
         backends = (CPU_FLASH if dropout_p == 0.0 else CPU_MATH) if on_cpu else CUDA_BACKENDS
-    # (not under torch.compile: a check of the values would break the graph at every call, and
-    # the bound is orders of magnitude above a real model's scores)
-    if (on_cpu and SDPBackend.FLASH_ATTENTION in backends and not torch.compiler.is_compiling()
-            and scores_may_overflow(q, k)):
-        return None
     d, d_v = q.shape[-1], v.shape[-1]
     if on_cpu and d != d_v:  # the CPU flash kernel wants one head size: zero columns change nothing
         width = max(d, d_v)

@@ -1,20 +1,15 @@
 """Attention schemes, one class per file, registered by name (see base.py and registry.py).
 
-Every module of this package is imported here, so a new scheme is one file in this folder (plus
-`conf/model/<name>.yaml`): nothing else has to list it.
+Every module of this package but the kinds' own (`KINDS`) is a scheme and is imported here, so a
+new scheme is one file in this folder (plus `conf/model/<name>.yaml`): nothing else lists it.
 """
 
 import importlib
 import pkgutil
 
-from attnlab.attention.schemes.base import (
-    HeadScheme,
-    LogitTransform,
-    NoOptions,
-    Normalizer,
-    apply_weights,
-    build_options,
-)
+from attnlab.attention.schemes.base import Attended, Heads, NoOptions, SchemeModule, build_options
+from attnlab.attention.schemes.head_scheme import HeadScheme
+from attnlab.attention.schemes.normalizer import Normalizer, apply_weights
 from attnlab.attention.schemes.registry import (
     HEAD_SCHEMES,
     NORMALIZERS,
@@ -27,23 +22,31 @@ from attnlab.attention.schemes.registry import (
     normalizer_class,
     query_normalized,
     register,
+    reported_label,
     scheme_parameters,
     scheme_values,
     unregister,
 )
+from attnlab.attention.schemes.transform import LogitTransform
+
+# what every scheme is built on, not schemes
+KINDS = ("base", "normalizer", "transform", "head_scheme", "registry", "tables")
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name not in ("base", "registry", "tables"):
+    if _info.name not in KINDS:
         importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = [
     "HEAD_SCHEMES",
     "NORMALIZERS",
     "TRANSFORMS",
+    "Attended",
     "HeadScheme",
+    "Heads",
     "LogitTransform",
     "NoOptions",
     "Normalizer",
+    "SchemeModule",
     "apply_weights",
     "build_options",
     "fitting",
@@ -54,6 +57,7 @@ __all__ = [
     "normalizer_class",
     "query_normalized",
     "register",
+    "reported_label",
     "scheme_parameters",
     "scheme_values",
     "unregister",

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.schemes.base import LogitTransform
 from attnlab.attention.schemes.registry import register
+from attnlab.attention.schemes.transform import LogitTransform
 from attnlab.errors import ConfigError
 
 

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.reference import masked_logits
-from attnlab.attention.schemes.base import HeadScheme, Normalizer, apply_weights
+from attnlab.attention.schemes.head_scheme import HeadScheme
+from attnlab.attention.schemes.normalizer import Normalizer, apply_weights
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -86,8 +87,8 @@ class DiffAttention(HeadScheme):
 
     def __init__(self, options: DiffOptions | None = None, num_heads: int = 1, head_dim: int = 2,
                  value_dim: int | None = None, embed_dim: int | None = None,
-                 layer_index: int = 0) -> None:
-        super().__init__(options, num_heads, head_dim, value_dim, embed_dim, layer_index)
+                 layer_index: int = 0, bias: bool = True) -> None:
+        super().__init__(options, num_heads, head_dim, value_dim, embed_dim, layer_index, bias)
         self.version = self.options.version
         self.needs_query = self.version == 2
         if self.version == 1:
@@ -97,11 +98,12 @@ class DiffAttention(HeadScheme):
             init = self.options.lambda_init
             self.lambda_init = lambda_init_fn(layer_index) if init is None else float(init)
             rows = num_heads if self.options.lambda_per == "head" else 1
-            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                self.register_parameter(name, nn.Parameter(torch.randn(rows, head_dim // 2) * LAMBDA_STD))
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):  # its own parameters
+                self.own(name, torch.randn(rows, head_dim // 2) * LAMBDA_STD)
             self.subln = RMSNorm(self.value_dim)
         else:
-            self.q2_proj = nn.Linear(self.embed_dim, num_heads * head_dim, bias=True)
+            # a bias as the module's q_proj has one (their doubled q_proj)
+            self.q2_proj = nn.Linear(self.embed_dim, num_heads * head_dim, bias=self.projection_bias)
             self.lambda_proj = nn.Linear(self.embed_dim, num_heads, bias=False)
             self._lambda_mean: Tensor | None = None
 
@@ -121,12 +123,6 @@ class DiffAttention(HeadScheme):
         if self.version == 1:
             return {"lambda": self.lambda_full().detach().float().expand(self.num_heads).clone()}
         return {} if self._lambda_mean is None else {"lambda": self._lambda_mean}
-
-    def scheme_parameters(self) -> list[nn.Parameter]:
-        """The lambda vectors (v1); the norm's weight and v2's projections train as the model's."""
-        if self.version == 1:
-            return [self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2]
-        return []
 
     # -- the computation
     def _maps(self, normalizer: Normalizer, q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor,

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from attnlab.attention import paths
-from attnlab.attention.kernels.esp import esp_weights, esp_weights_chunked
-from attnlab.attention.paths import AttentionCall
-from attnlab.attention.schemes.base import Normalizer, apply_weights
+from attnlab.attention.kernels import esp as sliced
+from attnlab.attention.paths import CPU_DTYPES, CUDA_DTYPES, AttentionCall, FastPath
+from attnlab.attention.schemes.normalizer import Normalizer, apply_weights
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -70,19 +69,18 @@ class ESPOptions:
 # ESPFormer by blocks of slices (kernels/esp.py): never all L plans at once; CPU and CUDA,
 # dropout as the reference's (apply_weights); causal never reaches it (ESP normalizes over queries)
 def _esp_chunked_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
-    fits = (dtype in paths.CPU_DTYPES if device == "cpu"
-            else device == "cuda" and dtype in paths.CUDA_DTYPES)
+    fits = dtype in CPU_DTYPES if device == "cpu" else device == "cuda" and dtype in CUDA_DTYPES
     return fits and not causal
 
 
 def _run_esp_chunked(normalizer, call: AttentionCall) -> Tensor | None:
-    w = esp_weights_chunked(call.q, call.k, call.key_padding_mask, call.query_padding_mask,
+    w = sliced.esp_weights_chunked(call.q, call.k, call.key_padding_mask, call.query_padding_mask,
                             normalizer.options)
     return apply_weights(w, call.v, call.dropout_p)
 
 
-ESP_CHUNKED = paths.FastPath("chunked", _esp_chunked_supports, _run_esp_chunked)
-ESP_PATHS: tuple[paths.FastPath, ...] = (ESP_CHUNKED,)
+ESP_CHUNKED = FastPath("chunked", _esp_chunked_supports, _run_esp_chunked)
+ESP_PATHS: tuple[FastPath, ...] = (ESP_CHUNKED,)
 
 
 @register
@@ -98,10 +96,10 @@ class ESP(Normalizer):
                           "realformer); use model=esp alone")
 
     def reference(self, call: AttentionCall) -> Tensor:
-        w = esp_weights(call.q, call.k, call.key_padding_mask, call.query_padding_mask, self.options)
+        w = sliced.esp_weights(call.q, call.k, call.key_padding_mask, call.query_padding_mask, self.options)
         return apply_weights(w, call.v, call.dropout_p)
 
     def attention_weights(self, q, k, key_padding_mask=None, query_padding_mask=None,
                           causal=False, **inputs) -> Tensor:
         self.call(q, k, None, key_padding_mask, query_padding_mask, causal, 0.0, **inputs)
-        return esp_weights(q, k, key_padding_mask, query_padding_mask, self.options)
+        return sliced.esp_weights(q, k, key_padding_mask, query_padding_mask, self.options)

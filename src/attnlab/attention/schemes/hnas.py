@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnlab.attention import paths
 from attnlab.attention.reference import safe_log_normalize, sinkhorn_log_weights
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.schemes.dnas import QUERY_NORMALIZED_PATHS
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -48,27 +48,19 @@ class HNAS(Normalizer):
     Options = HybridOptions
     input_names = ("u",)
     reported_labels: ClassVar[dict[str, str]] = {"u": "u (weight of DNAS)"}
-    fast_paths = paths.QUERY_NORMALIZED_PATHS
+    fast_paths = QUERY_NORMALIZED_PATHS
 
     def __init__(self, options: HybridOptions | None = None, num_heads: int | None = None) -> None:
         super().__init__(options, num_heads)
         if num_heads is not None:  # a module's scheme owns its u; the functional form is given u
-            n = num_heads if self.options.hybrid_per == "head" else 1
             u0 = min(max(self.options.hybrid_init, U_CLAMP), 1 - U_CLAMP)
-            self.hybrid_logit = nn.Parameter(torch.full((n,), math.log(u0 / (1 - u0))))
-
-    def state_inputs(self) -> dict[str, Tensor]:
-        if not hasattr(self, "hybrid_logit"):
-            return {}
-        return {"u": torch.sigmoid(self.hybrid_logit).view(1, -1, 1, 1)}
+            self.per_head("hybrid_logit", math.log(u0 / (1 - u0)), per=self.options.hybrid_per,
+                          input="u", report="u", value=torch.sigmoid)
 
     @property
     def u(self) -> Tensor:
         """u per head, detached, shape (H,)."""
-        return torch.sigmoid(self.hybrid_logit.detach()).expand(self.num_heads).clone()
-
-    def reported(self) -> dict[str, Tensor]:
-        return {"u": self.u.float()} if hasattr(self, "hybrid_logit") else {}
+        return self.reported()["u"]
 
     def weights(self, logits: Tensor, u: Tensor) -> Tensor:
         u = u.to(logits.dtype)

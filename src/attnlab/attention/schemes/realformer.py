@@ -4,8 +4,8 @@ normalization (unas by default)."""
 
 from torch import Tensor
 
-from attnlab.attention.schemes.base import LogitTransform
 from attnlab.attention.schemes.registry import register
+from attnlab.attention.schemes.transform import LogitTransform
 
 
 @register

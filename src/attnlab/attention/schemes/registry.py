@@ -12,7 +12,9 @@ from typing import TypeVar
 
 from torch import Tensor, nn
 
-from attnlab.attention.schemes.base import HeadScheme, LogitTransform, Normalizer, option_names
+from attnlab.attention.schemes.base import SchemeModule, option_names
+from attnlab.attention.schemes.head_scheme import HeadScheme
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.tables import (  # noqa: F401 - names and fitting: re-exported
     HEAD_SCHEMES,
     NORMALIZERS,
@@ -20,6 +22,7 @@ from attnlab.attention.schemes.tables import (  # noqa: F401 - names and fitting
     fitting,
     names,
 )
+from attnlab.attention.schemes.transform import LogitTransform
 from attnlab.errors import ConfigError
 
 T = TypeVar("T", bound=type)
@@ -93,19 +96,19 @@ def module_name(name: str) -> str:
     return name
 
 
-def named_scheme_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """(name, module) of every normalizer, transform, head scheme and output gate inside `model`."""
-    from attnlab.attention.gate import OutputGate
-
+def named_scheme_modules(model: nn.Module) -> Iterator[tuple[str, SchemeModule]]:
+    """(name, module) of every scheme module inside `model`: normalizers, transforms, head
+    schemes and output gates."""
     for name, module in model.named_modules():
-        if isinstance(module, (Normalizer, LogitTransform, HeadScheme, OutputGate)):
+        if isinstance(module, SchemeModule):
             yield module_name(name), module
 
 
 def scheme_parameters(model: nn.Module, kind: type | None = Normalizer) -> list[tuple[str, nn.Parameter]]:
-    """Parameters owned by schemes of type `kind` (Normalizer: HNAS's u logits; LogitTransform:
-    CODA's head MLPs; None: every scheme module, output gates included), with their full names,
-    found by type rather than by name."""
+    """Every parameter inside the scheme modules of type `kind` (Normalizer: HNAS's u logits;
+    LogitTransform: CODA's head MLPs too; None: every scheme module, output gates included), with
+    their full names, found by type rather than by name (weight loaders: what BERT lacks). The
+    optimizer's rule reads each module's own `scheme_parameters()` instead."""
     out = []
     for prefix, module in named_scheme_modules(model):
         if kind is None or isinstance(module, kind):
@@ -114,16 +117,23 @@ def scheme_parameters(model: nn.Module, kind: type | None = Normalizer) -> list[
 
 
 def scheme_values(model: nn.Module) -> dict[str, dict[str, Tensor]]:
-    """What the schemes inside `model` report of their own parameters (`Normalizer.reported`):
+    """What the scheme modules inside `model` report (`SchemeModule.reported`):
     {"<scheme>_<name>": {attention module name: values per head (H,)}}, e.g.
-    {"hnas_u": {"encoder.layers.0.self_attn": tensor([0.5, ...])}}, layers in model order; also
-    head schemes' (`diff_lambda`) and output gates' (`gate_mean`, `gate_closed`: `OutputGate`). The one
-    place that gathers them (run summary, metrics.json's `scheme_params`, the SchemeParameters
-    callback and its plots)."""
+    {"hnas_u": {"encoder.layers.0.self_attn": tensor([0.5, ...])}}, layers in model order; every
+    kind alike: normalizers (`hnas_u`), transforms, head schemes (`diff_lambda`) and output gates
+    (`gate_mean`, `gate_closed`). The one place that gathers them (run summary, metrics.json's
+    `scheme_params`, the SchemeParameters callback and its plots)."""
     out: dict[str, dict[str, Tensor]] = {}
     for name, module in named_scheme_modules(model):
-        if not isinstance(module, LogitTransform):  # normalizers, head schemes, output gates
-            for key, values in module.reported().items():
-                out.setdefault(f"{module.name}_{key}", {})[name.rpartition(".")[0]] = values
+        for key, values in module.reported().items():
+            out.setdefault(f"{module.name}_{key}", {})[name.rpartition(".")[0]] = values
     return out
+
+
+def reported_label(key: str) -> str:
+    """How a plot labels the reported quantity `<scheme>_<name>`: what its scheme says it is
+    (`reported_labels`), else "<scheme> <name>" (the output gate's: "gate mean")."""
+    scheme, _, name = key.partition("_")
+    owner = next((t[scheme] for t in (NORMALIZERS, TRANSFORMS, HEAD_SCHEMES) if scheme in t), None)
+    return getattr(owner, "reported_labels", {}).get(name, f"{scheme} {name}")
 

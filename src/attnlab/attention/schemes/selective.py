@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention.schemes.base import LogitTransform
 from attnlab.attention.schemes.registry import register
+from attnlab.attention.schemes.transform import LogitTransform
 from attnlab.errors import ConfigError
 
 

@@ -21,10 +21,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnlab.attention import paths
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.kernels import flex_rowwise, rowwise
+from attnlab.attention.paths import AttentionCall, FastPath, compiled_cpu, flex_cuda, flex_serves
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -46,13 +47,30 @@ class SigmoidOptions:
                               f"starts at -log(bias_init_n)), e.g. model.bias_init_n=64")
 
 
+# its kernels: the fused row-wise C++ kernel on the CPU (padding, causal, dropout; exact gradients
+# of q, k, v and b), FlexAttention on CUDA (no dropout)
+def _run_cpu(normalizer, call: AttentionCall) -> Tensor:
+    return rowwise.sigmoid_attend(call.q, call.k, call.v, normalizer.options.bias,
+                                  call.inputs.get("b"), *call.masks, causal=call.causal,
+                                  dropout_p=call.dropout_p)
+
+
+def _run_flex(normalizer, call: AttentionCall) -> Tensor:
+    return flex_rowwise.sigmoid_attend_flex(call.q, call.k, call.v, normalizer.options.bias,
+                                            call.inputs.get("b"), *call.masks, call.causal,
+                                            call.mask_cache)
+
+
+PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu), FastPath("flex", flex_cuda, _run_flex, flex_serves))
+
+
 @register
 class Sigmoid(Normalizer):
     name = "sigmoid"
     rows_sum_to_one = False
     Options = SigmoidOptions
     input_names = ("b",)  # with bias=learned only (see __init__)
-    fast_paths = paths.SIGMOID_PATHS
+    fast_paths = PATHS
 
     def __init__(self, options: SigmoidOptions | None = None, num_heads: int | None = None) -> None:
         super().__init__(options, num_heads)
@@ -60,21 +78,14 @@ class Sigmoid(Normalizer):
         if not self.learned:  # b is not an input: log_n and zero fix it
             self.input_names = ()
         elif num_heads is not None:  # a module's scheme owns its b; the functional form may be given b
-            self.bias = nn.Parameter(torch.full((num_heads,), self.initial_bias))
+            self.per_head("bias", self.initial_bias, input="b", report="b")
 
     @property
     def initial_bias(self) -> float:
         return -math.log(self.options.bias_init_n)
 
-    def state_inputs(self) -> dict[str, Tensor]:
-        if not self.learned:
-            return {}
-        if not hasattr(self, "bias"):
-            return {"b": torch.tensor(self.initial_bias)}
-        return {"b": self.bias.view(1, -1, 1, 1)}
-
-    def reported(self) -> dict[str, Tensor]:
-        return {"b": self.bias.detach().float().clone()} if hasattr(self, "bias") else {}
+    def default_inputs(self) -> dict[str, float]:
+        return {"b": self.initial_bias} if self.learned else {}
 
     def weights(self, logits: Tensor, b: Tensor | None = None) -> Tensor:
         valid = torch.isfinite(logits)

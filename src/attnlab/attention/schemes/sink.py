@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnlab.attention import paths
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.kernels import flex_rowwise, rowwise
+from attnlab.attention.paths import AttentionCall, FastPath, compiled_cpu, flex_cuda, flex_serves
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -52,26 +53,36 @@ def sink_log_weights(logits: Tensor, b: Tensor) -> Tensor:
     return shifted - torch.log(total)
 
 
+# its kernels: the fused row-wise C++ kernel on the CPU (padding, causal, dropout; exact gradients
+# of q, k, v and b), FlexAttention on CUDA (no dropout)
+def _run_cpu(normalizer, call: AttentionCall) -> Tensor:
+    return rowwise.sink_attend(call.q, call.k, call.v, call.inputs["b"], *call.masks,
+                               causal=call.causal, dropout_p=call.dropout_p)
+
+
+def _run_flex(normalizer, call: AttentionCall) -> Tensor:
+    return flex_rowwise.sink_attend_flex(call.q, call.k, call.v, call.inputs["b"], *call.masks,
+                                         call.causal, call.mask_cache)
+
+
+PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu), FastPath("flex", flex_cuda, _run_flex, flex_serves))
+
+
 @register
 class Sink(Normalizer):
     name = "sink"
     rows_sum_to_one = False
     Options = SinkOptions
     input_names = ("b",)
-    fast_paths = paths.SINK_PATHS
+    fast_paths = PATHS
 
     def __init__(self, options: SinkOptions | None = None, num_heads: int | None = None) -> None:
         super().__init__(options, num_heads)
         if self.options.learned and num_heads is not None:  # a module's scheme owns its b
-            self.sink = nn.Parameter(torch.full((num_heads,), self.options.sink_init))
+            self.per_head("sink", self.options.sink_init, input="b", report="b")
 
-    def state_inputs(self) -> dict[str, Tensor]:
-        if hasattr(self, "sink"):
-            return {"b": self.sink.view(1, -1, 1, 1)}
-        return {"b": torch.tensor(self.options.sink_init)}
-
-    def reported(self) -> dict[str, Tensor]:
-        return {"b": self.sink.detach().float().clone()} if hasattr(self, "sink") else {}
+    def default_inputs(self) -> dict[str, float]:
+        return {"b": self.options.sink_init}
 
     def weights(self, logits: Tensor, b: Tensor) -> Tensor:
         return sink_log_weights(logits, b.to(logits.dtype)).exp()

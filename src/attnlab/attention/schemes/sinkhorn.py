@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from attnlab.attention import paths
 from attnlab.attention.reference import sinkhorn_log_weights
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.schemes.dnas import QUERY_NORMALIZED_PATHS
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -25,13 +25,20 @@ class SinkhornOptions:
             raise ConfigError(f"model.n_iter={self.n_iter} must be >= 1 (1 equals dnas)")
 
 
+def _one_round(normalizer) -> bool:
+    return normalizer.options.n_iter == 1
+
+
+# one round is DNAS: DNAS's kernels serve it; FlexAttention serves any number of rounds
+PATHS = tuple(p if p.name == "flex" else p.when(_one_round) for p in QUERY_NORMALIZED_PATHS)
+
+
 @register
 class Sinkhorn(Normalizer):
     name = "sinkhorn"
     over_queries = True
     Options = SinkhornOptions
-    # one iteration is DNAS: DNAS's kernels serve it; FlexAttention serves any
-    fast_paths = paths.SINKHORN_PATHS
+    fast_paths = PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
         return sinkhorn_log_weights(logits, self.options.n_iter).exp()

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.attention import paths
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.kernels import rowwise
+from attnlab.attention.paths import AttentionCall, FastPath, compiled_cpu
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -56,12 +57,22 @@ def softpick_weights(logits: Tensor, eps: float) -> Tensor:
     return numerator / (denominator + eps)
 
 
+# its kernel: the fused row-wise C++ kernel on the CPU (padding, causal, dropout); elsewhere the
+# reference
+def _run_cpu(normalizer, call: AttentionCall) -> Tensor:
+    return rowwise.softpick_attend(call.q, call.k, call.v, normalizer.options.eps, *call.masks,
+                                   causal=call.causal, dropout_p=call.dropout_p)
+
+
+PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu),)
+
+
 @register
 class Softpick(Normalizer):
     name = "softpick"
     rows_sum_to_one = False
     Options = SoftpickOptions
-    fast_paths = paths.SOFTPICK_PATHS
+    fast_paths = PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
         return softpick_weights(logits, self.options.eps)

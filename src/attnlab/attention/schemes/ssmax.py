@@ -17,15 +17,18 @@ scale_init=0.43 is the value of its Fig. 1 (at that scale SSMax equals the softm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnlab.attention import paths
+from attnlab.attention.kernels import flex_rowwise, rowwise
+from attnlab.attention.paths import AttentionCall, FastPath, flex_cuda, flex_serves, is_padded
 from attnlab.attention.reference import safe_log_normalize
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
+from attnlab.attention.schemes.unas import FUSED_CPU, SDPA
 from attnlab.errors import ConfigError
 
 
@@ -41,25 +44,63 @@ class SSMaxOptions:
                               f"s * c * log n), e.g. model.scale_init=0.43")
 
 
+# its kernels. On the CPU, UNAS's (schemes/unas.py) on q_i scaled by c_h log(n_i) (exact;
+# autograd gives dq and dc), in UNAS's order: the fused kernel with padding (not causal), ATen's
+# flash kernel through SDPA (causal too; no dropout), the fused kernel with dropout (not causal).
+# On CUDA, FlexAttention (no dropout).
+def _on_cpu(normalizer, device, dtype, dropout_p, causal) -> bool:
+    return device == "cpu"
+
+
+def _scaled(call: AttentionCall) -> AttentionCall:
+    q = rowwise.ssmax_query(call.q, call.inputs["c"], call.key_padding_mask, call.causal,
+                            call.k.shape[-2])
+    return replace(call, q=q)
+
+
+def _run_scaled(path: FastPath, normalizer, call: AttentionCall) -> Tensor:
+    return path.run(normalizer, _scaled(call))
+
+
+def _serves_scaled(path: FastPath, normalizer, call: AttentionCall) -> bool:
+    with torch.no_grad():  # what the path asks of the queries it will be given (their scores)
+        return path.serves(normalizer, _scaled(call))
+
+
+def scaled(path: FastPath) -> FastPath:
+    """UNAS's `path` on scaled queries, on the CPU: "scaled_<its name>"."""
+    serves = None if path.serves is None else partial(_serves_scaled, path)
+    return FastPath(f"scaled_{path.name}", partial(_both, _on_cpu, path.supports),
+                    partial(_run_scaled, path), serves)
+
+
+def _both(first, second, *args) -> bool:
+    return first(*args) and second(*args)
+
+
+def _run_flex(normalizer, call: AttentionCall) -> Tensor:
+    return flex_rowwise.ssmax_attend_flex(call.q, call.k, call.v, call.inputs["c"], *call.masks,
+                                          call.causal, call.mask_cache)
+
+
+PATHS = (scaled(FUSED_CPU).only(is_padded), scaled(SDPA), scaled(FUSED_CPU),
+         FastPath("flex", flex_cuda, _run_flex, flex_serves))
+
+
 @register
 class SSMax(Normalizer):
     name = "ssmax"
     Options = SSMaxOptions
     input_names = ("c",)
-    fast_paths = paths.SSMAX_PATHS
+    fast_paths = PATHS
 
     def __init__(self, options: SSMaxOptions | None = None, num_heads: int | None = None) -> None:
         super().__init__(options, num_heads)
         if self.options.learned and num_heads is not None:  # a module's scheme owns its c
-            self.scale = nn.Parameter(torch.full((num_heads,), self.options.scale_init))
+            self.per_head("scale", self.options.scale_init, input="c", report="c")
 
-    def state_inputs(self) -> dict[str, Tensor]:
-        if hasattr(self, "scale"):
-            return {"c": self.scale.view(1, -1, 1, 1)}
-        return {"c": torch.tensor(self.options.scale_init)}
-
-    def reported(self) -> dict[str, Tensor]:
-        return {"c": self.scale.detach().float().clone()} if hasattr(self, "scale") else {}
+    def default_inputs(self) -> dict[str, float]:
+        return {"c": self.options.scale_init}
 
     def weights(self, logits: Tensor, c: Tensor) -> Tensor:
         valid = torch.isfinite(logits)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from attnlab.attention import paths
-from attnlab.attention.kernels.stickbreaking import stickbreaking_weights
-from attnlab.attention.schemes.base import Normalizer
+from attnlab.attention.kernels import stickbreaking as blocked
+from attnlab.attention.paths import CPU_DTYPES, CUDA_DTYPES, AttentionCall, FastPath
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.errors import ConfigError
 
@@ -46,13 +46,32 @@ class StickBreakingOptions:
                               f"model.attend_current=false")
 
 
+# its kernel: by blocks of queries (kernels/stickbreaking.py), no S x S memory, CPU and CUDA;
+# causal only, no dropout; a call of one block runs on the reference, as lean
+def _blocked_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
+    fits = dtype in CPU_DTYPES if device == "cpu" else device == "cuda" and dtype in CUDA_DTYPES
+    return fits and causal and dropout_p == 0.0
+
+
+def _more_than_one_block(normalizer, call: AttentionCall) -> bool:
+    return call.q.shape[-2] * call.k.shape[-2] > blocked.MIN_PAIRS
+
+
+def _run_blocked(normalizer, call: AttentionCall) -> Tensor:
+    return blocked.stickbreaking_attend(call.q, call.k, call.v, *call.masks,
+                                        attend_current=normalizer.options.attend_current)
+
+
+PATHS = (FastPath("blocked", _blocked_supports, _run_blocked, _more_than_one_block),)
+
+
 @register
 class StickBreaking(Normalizer):
     name = "stickbreaking"
     causal_only = True
     rows_sum_to_one = False
     Options = StickBreakingOptions
-    fast_paths = paths.STICKBREAKING_PATHS
+    fast_paths = PATHS
 
     def weights(self, logits: Tensor) -> Tensor:
-        return stickbreaking_weights(logits, self.options.attend_current)
+        return blocked.stickbreaking_weights(logits, self.options.attend_current)

@@ -27,6 +27,7 @@ from attnlab.study import stats
 from attnlab.study.compare.plan import OUTCOMES, REFERENCE, CellKey, ComparePlan
 from attnlab.study.compare.probes import MAIN, NEGATIVE, POSITIVE, ContrastSpec, ProbeCard
 from attnlab.study.evidence import Run, scheme_params
+from attnlab.study.learned import learned_test
 
 ACC = OUTCOMES[0]
 # the diagnostics per layer (ExplainedAway) and per run, by the name the report gives them
@@ -76,13 +77,12 @@ class Cell:
 
 def run_learned(metrics: dict) -> bool:
     """Did a run beat its trivial baseline on the test set: an exact one-sided binomial test of its
-    correct answers against the baseline's accuracy (attnlab.study.stats.learned_test)."""
+    correct answers against the baseline's accuracy (attnlab.study.learned.learned_test)."""
     acc, answers = metrics.get("test/acc"), metrics.get("test/answers")
     baseline = metrics.get("test/baseline_acc")
     if acc is None or answers is None or baseline is None:
         return False
-    learned, _ = stats.learned_test(round(float(acc) * float(answers)), int(answers),
-                                    float(baseline))
+    learned, _ = learned_test(round(float(acc) * float(answers)), int(answers), float(baseline))
     return learned
 
 

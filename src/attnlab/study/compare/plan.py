@@ -5,7 +5,7 @@
    rate on that probe from then on (so no scheme loses to a learning rate), the spread reported;
 2. pilot: the main setting's cells at their rates with seeds 1..`pilot_seeds`: the spread of each
    primary contrast's paired differences gives the seeds it needs for 80 % power at the probe's
-   `min_effect` (attnlab.study.stats.seeds_for_power, at the family's Bonferroni level); a cell
+   `min_effect` (attnlab.study.power.seeds_for_power, at the family's Bonferroni level); a cell
    runs at most `max_seeds` (the report gives the power at what ran);
 3. the rest: the main cells topped up to their seeds, the controls at `control_seeds`, the
    difficulty sweeps (--full) at `sweep_seeds`.
@@ -27,7 +27,7 @@ import yaml
 
 from attnlab.study.compare.probes import MAIN, Condition, ProbeCard
 from attnlab.study.evidence import Run
-from attnlab.study.stats import seeds_for_power
+from attnlab.study.power import seeds_for_power
 
 MODES = ("quick", "full", "gpu")
 TASK = "probe"  # the task whose configs the probes select (conf/task/probe.yaml)

@@ -1,31 +1,32 @@
 """What compare knows of a probe: its config's `probe.compare` node, read by composing
 `task=probe probe=<name>` with Hydra (so a probe built on another by `defaults:` inherits it).
-Nothing here lists probes: they are `conf/probe/*.yaml`.
+Nothing here lists probes: they are `conf/probe/*.yaml`, each in the group's package (its keys
+are `probe.<key>`):
 
-    probe:
-      name: hub_key
-      mechanism: "..."                 # one sentence: what decides the answer
-      lr: 3.0e-3                       # the probe's learning rate (compare also tries a grid)
-      compare:
-        family: primary                # primary: its contrasts enter the pre-registered family
-                                       # exploratory: intervals, no verdict
-        schemes: [unas, dnas, ...]     # what --quick trains on it (--full: every scheme)
-        contrasts:                     # scheme against reference, and the predicted direction
-          - {scheme: dnas, against: unas, predicts: worse}   # better | worse | equivalent
-        min_effect: 0.05               # the accuracy difference the seeds must detect (80 %)
-        margin: 0.03                   # the equivalence margin (TOST)
-        positive:                      # an ablation that must break the probe
-          removes: "..."               # what it takes away
-          overrides: [...]
-          expect: fall | vanish        # fall: `schemes` drop at least halfway to the shortcut;
-          schemes: [...]               # vanish: the contrasts' differences at least halve
-        negative:                      # a variant where theory says the schemes tie
-          why: "..."
-          overrides: [...]
-        sweep: {key: [values], ...}    # difficulty sweep (--full), a grid of overrides; a
-                                       # key set to null drops one a `defaults:` parent swept
-        full: [...]                    # overrides of --full / --gpu
-        gpu: [...]
+    name: hub_key
+    mechanism: "..."                 # one sentence: what decides the answer (required)
+    lr: 3.0e-3                       # the probe's learning rate (compare also tries a grid)
+    compare:                         # optional, and so is every key in it but a primary
+                                     # probe's contrasts and controls
+      family: primary                # primary: its contrasts enter the pre-registered family
+                                     # exploratory (default): intervals, no verdict
+      schemes: [unas, dnas, ...]     # what --quick trains on it (--full: every scheme)
+      contrasts:                     # scheme against reference, and the predicted direction
+        - {scheme: dnas, against: unas, predicts: worse}   # better | worse | equivalent
+      min_effect: 0.05               # the accuracy difference the seeds must detect (80 %)
+      margin: 0.03                   # the equivalence margin (TOST)
+      positive:                      # an ablation that must break the probe
+        removes: "..."               # what it takes away
+        overrides: [...]
+        expect: fall | vanish        # fall: `schemes` drop at least halfway to the shortcut;
+        schemes: [...]               # vanish: the contrasts' differences at least halve
+      negative:                      # a variant where theory says the schemes tie
+        why: "..."
+        overrides: [...]
+      sweep: {key: [values], ...}    # difficulty sweep (--full), a grid of overrides; a
+                                     # key set to null drops one a `defaults:` parent swept
+      full: [...]                    # overrides of --full / --gpu (none: the probe's own sizes)
+      gpu: [...]
 """
 
 from __future__ import annotations

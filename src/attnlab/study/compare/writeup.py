@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.figures import save_png
-from attnlab.study import stats
 from attnlab.study.compare.analysis import (
     ACC,
     LAYER_DIAGNOSTICS,
@@ -21,6 +20,7 @@ from attnlab.study.compare.analysis import (
 )
 from attnlab.study.compare.plan import MAX_NEEDED, OUTCOMES, ComparePlan, LrChoice, Power, lr_text
 from attnlab.study.compare.probes import MAIN, ProbeCard, same_value
+from attnlab.study.power import paired_power
 
 FOREST = "effects.png"
 OUTCOME_NAMES = {"test/acc": "accuracy", "val/acc_auc": "AUC"}
@@ -109,7 +109,7 @@ def power_section(rows: list[Power], seeds: dict) -> list[str]:
     for p in rows:
         scheme, against = p.contrast.split(" vs ")
         run = min(seeds.get((p.probe, MAIN, scheme), 0), seeds.get((p.probe, MAIN, against), 0))
-        power = (stats.paired_power(run, p.effect, p.sd_used, p.alpha)
+        power = (paired_power(run, p.effect, p.sd_used, p.alpha)
                  if math.isfinite(p.sd_used) else math.nan)
         need = f">= {p.seeds}" if p.seeds >= MAX_NEEDED else str(p.seeds)
         lines.append(_row(p.probe, p.contrast, OUTCOME_NAMES.get(p.outcome, p.outcome),

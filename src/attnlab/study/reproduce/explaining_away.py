@@ -4,13 +4,13 @@ The paper's statement: softmax over keys (UNAS) can leave a key that the answer 
 no attention from any query (explained away by the queries' sharper matches elsewhere);
 normalizing over queries first (DNAS) keeps every key in play, so a model can use it.
 
-Judged on the probe where the mechanism engages (`unmatched_key`, tasks/probe/unmatched.py): the
-answer is read at the one key no other query matches, in one layer. DNAS against UNAS over
-SEEDS seeds, with the probe's controls (reproduce/probe_evidence.py): *holds* when DNAS is better
-and the probe tests its mechanism (its shortcut is beaten and its positive control, no query
-competition, breaks it); *contradicted* when UNAS is better or they are equivalent (TOST); *not
-tested* otherwise, with the reason (the interval, or the diagnostic that shows the mechanism did
-not engage).
+Judged on the probe where the mechanism engages (`unmatched_key`,
+tasks/probe/generators/unmatched.py): the answer is read at the one key no other query matches,
+in one layer. DNAS against UNAS over SEEDS seeds, with the probe's controls
+(reproduce/probe_evidence.py): *holds* when DNAS is better and the probe tests its mechanism (its
+shortcut is beaten and its positive control, no query competition, breaks it); *contradicted*
+when UNAS is better or they are equivalent (TOST); *not tested* otherwise, with the reason (the
+interval, or the diagnostic that shows the mechanism did not engage).
 
 The Lemma's half (every DNAS column sum >= 1/S) holds by construction and is no evidence: it is
 shown as a check, with the descriptive statistics of the tasks' trained encoders whose card

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from attnlab.cards import Card
-from attnlab.study.stats import did_learn
+from attnlab.study.learned import did_learn
 
 
 @dataclass(frozen=True)

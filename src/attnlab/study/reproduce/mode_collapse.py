@@ -5,7 +5,7 @@ cluster into the majority (mode collapse), and DNAS, normalizing over queries to
 apart; with balanced clusters both keep them.
 
 The verdict rests on trained models: the `clusters` probe (count the clusters of unbalanced point
-sets, tasks/probe/clusters.py), DNAS against UNAS over seeds with compare's machinery
+sets, tasks/probe/generators/clusters.py), DNAS against UNAS over seeds with compare's machinery
 (reproduce/probe_evidence.py): *holds* when DNAS counts better and the probe tests its mechanism,
 *contradicted* when UNAS is better or they are equivalent, *not tested* with the reason (the
 interval; or the diagnostic that shows the mechanism did not engage: a shortcut that reaches the

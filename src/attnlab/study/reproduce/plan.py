@@ -21,7 +21,8 @@ lists tasks.
 A task with a config group of its own name (conf/<task>/<variant>.yaml: the probes,
 `task=probe probe=coverage`) enters each of its card's claims once per variant, with the
 override `<task>=<variant>`; a variant's file may narrow that to some claims
-(`<task>.claims: [explaining_away]`). Nothing here lists variants either.
+(`claims: [explaining_away]`, in its group's package: `<task>.claims` once composed). Nothing
+here lists variants either.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ class Plan:
         if not files:
             return [()]
         found = []
+        default = _task_default_claims(self.root / "conf" / "task" / f"{task}.yaml", task)
         for path in files:
             claims = _variant_claims(folder, path.stem, task)
+            claims = default if claims is None else claims
             if claim is None or claims is None or claim in claims:
                 found.append((f"{task}={path.stem}",))
         return found
@@ -145,10 +148,12 @@ class Plan:
 
 
 def _variant_claims(folder: Path, variant: str, task: str, seen: tuple[str, ...] = ()) -> list | None:
-    """A variant file's `<task>.claims`, or that of the sibling it builds on (its `defaults:`
-    names another variant, as conf/probe/hub_key_zipf.yaml does hub_key); None: every claim."""
-    raw = OmegaConf.load(folder / f"{variant}.yaml")
-    claims = OmegaConf.select(raw, f"{task}.claims")
+    """A variant file's `claims` (`<task>.claims` in a `# @package _global_` file), or that of the
+    sibling it builds on (its `defaults:` names another variant, as conf/probe/hub_key_zipf.yaml
+    does hub_key); None: every claim."""
+    path = folder / f"{variant}.yaml"
+    raw = OmegaConf.load(path)
+    claims = OmegaConf.select(raw, f"{task}.claims" if _global(path) else "claims")
     if claims is not None:
         return list(claims)
     for entry in raw.get("defaults") or ():
@@ -157,3 +162,23 @@ def _variant_claims(folder: Path, variant: str, task: str, seen: tuple[str, ...]
             return _variant_claims(folder, parent, task, (*seen, variant))
     return None
 
+
+def _task_default_claims(path: Path, task: str) -> list | None:
+    """The claims a variant enters when neither it nor what it builds on says: the task config's
+    own `<task>.claims` default (conf/task/probe.yaml: none), as Hydra composes it; None (every
+    claim of the card) where the task config gives none."""
+    if not path.is_file():
+        return None
+    claims = OmegaConf.select(OmegaConf.load(path), f"{task}.claims")
+    return None if claims is None else list(claims)
+
+
+def _global(path: Path) -> bool:
+    """Whether a config file's header puts it in the global package (`# @package _global_`);
+    otherwise its keys are its group's (conf/probe/<name>.yaml: probe.<key>)."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            return False
+        if line.split()[1:3] == ["@package", "_global_"]:
+            return True
+    return False

@@ -54,7 +54,7 @@ def write_report(out_dir: Path, claims: list[ClaimResult], meta: dict, runs_tabl
         lines += ["## Did the runs learn?", "",
                   ("Each run's optimized metric against its task's trivial baseline (the task card's "
                    "`baseline`: majority class, unigram, lead, ...). A run that does not beat it by "
-                   "`attnlab.study.stats.did_learn`'s margin stayed on its first plateau: the claims "
+                   "`attnlab.study.learned.did_learn`'s margin stayed on its first plateau: the claims "
                    "above treat it as failed and draw no verdict from it."), "", runs_table, ""]
     path = out_dir / "REPORT.md"
     path.write_text("\n".join(lines))

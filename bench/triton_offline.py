@@ -1,9 +1,10 @@
 """The Triton DNAS / HNAS kernels compiled ahead of time for H100 (sm_90a) and A100 (sm_80),
 on a machine without a GPU: what a GPU would refuse (shared memory) or run slowly (register
-spills) shows up in CI, not on the next lent GPU.
+spills) shows up in CI, not on the next lent GPU. A build-time tool, outside the attnlab package
+(no run imports it); its test is tests/bench/test_triton_offline.py.
 
-    python -m attnlab.attention.kernels.triton_offline         # the test's set, as markdown
-    python -m attnlab.attention.kernels.triton_offline --all   # every tile the autotuner may pick
+    python bench/triton_offline.py         # the test's set, as markdown
+    python bench/triton_offline.py --all   # every tile the autotuner may pick (make triton-compile)
 
 Nothing here is hand-listed, so a change to the kernels is followed without an edit:
 
@@ -143,7 +144,8 @@ def launches(hybrid: bool, dtype: str, d: int, dv: int) -> dict[str, tuple[tuple
     missing = set(KERNELS) - set(recorded)
     if missing:
         raise RuntimeError(f"the host launched no {sorted(missing)}: update KERNELS in "
-                           f"{__name__} to the kernels triton_query_normalized launches")
+                           "bench/triton_offline.py to the kernels triton_query_normalized "
+                           "launches")
     return recorded
 
 
@@ -329,7 +331,7 @@ def markdown(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m attnlab.attention.kernels.triton_offline",
+        prog="python bench/triton_offline.py",
         description="Compile the Triton DNAS/HNAS kernels for sm_90a and sm_80 without a GPU; "
                     "print shared memory, registers and spills per config (markdown).")
     p.add_argument("--all", action="store_true",

@@ -1,5 +1,5 @@
 """The Triton DNAS / HNAS kernels compiled ahead of time for H100 (sm_90a) and A100 (sm_80) on
-this CPU-only machine (kernels/triton_offline.py): a kernel that does not compile, needs more
+this CPU-only machine (bench/triton_offline.py): a kernel that does not compile, needs more
 shared memory than the GPU has, or spills registers in a config the autotuner may choose fails
 here, in CI, rather than on the next lent GPU.
 
@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from triton import knobs
 
 from attnlab.attention.kernels import _triton_configs
-from attnlab.attention.kernels import triton_offline as offline
+from bench import triton_offline as offline
 
 pytestmark = pytest.mark.skipif(
     knobs.runtime.interpret, reason="TRITON_INTERPRET=1: the kernels are interpreted, not compiled")

@@ -1,0 +1,88 @@
+"""What a run leaves behind besides its checkpoints: the record `train` and `evaluate` write into
+the run dir (metrics.json, eval_metrics.json) and print as a summary, and the record a sweep's
+job writes when it starts (status "running"), fails or is stopped (attnlab.runner; the study
+drivers and attnlab.report read them back: attnlab.study.evidence).
+
+A record: status, task, model, seed, overrides, the optimized metric and its best value, every
+logged metric as a float, what the schemes report of their own parameters (`scheme_params`),
+the run dir, the wall time, and the W&B run (`wandb_run`, `wandb_dir`, `wandb_offline`) when
+there is one. Written atomically: the sweep's report may be reading it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from attnlab import wandb_runs
+from attnlab.attention import scheme_values
+from attnlab.files import atomic_write_text
+from attnlab.fsdp import full_parameters
+
+
+def scheme_params(module: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
+    """metrics.json's `scheme_params`: what the schemes report of their own parameters,
+    {"hnas_u": {layer: [u per head]}, "sink_b": {...}}, rounded for reading."""
+    with full_parameters(module):  # under FSDP each rank holds a shard of them
+        reported = scheme_values(module)
+    return {key: {layer: [round(float(x), 4) for x in values] for layer, values in layers.items()}
+            for key, layers in reported.items()}
+
+
+def wandb_run_info(loggers) -> dict:
+    logger = wandb_runs.wandb_logger(loggers)
+    if logger is None:
+        return {}
+    run = logger.experiment
+    run_dir = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
+    return {"wandb_run": f"{run.project}/{run.id}", "wandb_dir": str(run_dir),
+            "wandb_offline": bool(getattr(run.settings, "_offline", True))}
+
+
+def to_float_dict(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))  # the report may be reading it
+
+
+def print_summary(title: str, record: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in sorted(record.get("metrics", {}).items()):
+        if k.startswith(("test/", "val/")):
+            table.add_row(k, f"{v:.4f}")
+    console = Console()
+    console.print(table)
+    for key, layers in record.get("scheme_params", {}).items():
+        for name, values in layers.items():
+            console.print(f"{key}  {name}: {values}")
+    console.print(f"run dir: {record['run_dir']}")
+    if "wandb_run" in record:
+        mode = "offline" if record.get("wandb_offline", True) else "online"
+        console.print(f"W&B run ({mode}): {record['wandb_run']}  dir: {record['wandb_dir']}")
+        if record.get("wandb_offline", True):  # every fragment of a resumed run, into one run
+            console.print(f"  upload with: python -m attnlab.sync {record['run_dir']}")
+
+
+def job_record(cfg: DictConfig, status: str, **extra) -> dict:
+    return {
+        "status": status, "task": cfg.task.name, "model": cfg.model.name, "seed": int(cfg.seed),
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "metrics": {}, **extra,
+    }
