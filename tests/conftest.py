@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
 import zlib
 from pathlib import Path
+
+# Two xdist workers share two cores: torch in each (and in each CLI process a test starts) on one
+# thread. With a thread per core each, they oversubscribe the cores, and the suite took 1.5x as
+# long (tests/attention + tests/tasks: 2 min 59 s -> 1 min 55 s). Set before torch is imported;
+# an OMP_NUM_THREADS the user gives wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
@@ -12,6 +19,28 @@ import torch
 
 # every test's global random generators start from this seed mixed with the test's id
 SEED = 20240601
+
+
+# the folders of the long tests (real runs through the CLI, the launcher): started first, so that
+# the two workers do not end with one of them running a long file alone
+LONG_FIRST = ("tests/e2e/", "tests/study/")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))  # stable: else as collected
+
+
+def pytest_sessionstart(session):
+    from helpers import measured_run
+
+    measured_run.session_started()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A whole default run records its figures (tests/helpers/measured_run.py)."""
+    from helpers import measured_run
+
+    measured_run.session_finished(session)
 
 
 def seed_rngs(key: str) -> int:

@@ -6,17 +6,20 @@ eval.py in subprocesses; these tests call the functions themselves, so that `mak
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pytest
 import torch
+from helpers.cards import CARDS, TINY
 from helpers.paths import CONF, FIXTURES
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab import checkpoints
+from attnlab import checkpoints, trust
 from attnlab.errors import ConfigError, DataError
 from attnlab.runner import resolve_ckpt_path
 
@@ -30,10 +33,27 @@ def save(path: Path, obj, **kwargs) -> Path:
 
 
 def lightning(w: float = 1.0) -> dict:
-    """A checkpoint as Lightning writes one: weights, and hyper-parameters holding a DictConfig
-    (which torch.load's weights_only=True refuses)."""
+    """A checkpoint as attnlab writes one: weights, and hyper-parameters as plain data."""
     return {"state_dict": {"w": torch.full((3,), w)}, "epoch": 2,
-            "hyper_parameters": {"attention": OmegaConf.create({"name": "hnas"})}}
+            "hyper_parameters": {"attention": {"name": "hnas"}}}
+
+
+def pickled(w: float = 1.0) -> dict:
+    """A checkpoint as Lightning wrote one before: hyper-parameters holding a DictConfig and the
+    optimizer's partial, which torch.load(weights_only=True) refuses to unpickle."""
+    return {**lightning(w), "hyper_parameters": {
+        "attention": OmegaConf.create({"name": "hnas"}),
+        "optimizer": functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)}}
+
+
+class Payload:
+    """What a crafted checkpoint holds: unpickling it runs a command (here: touches a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 def mapped(path: Path) -> bool:
@@ -103,7 +123,7 @@ def test_read_loads_a_legacy_non_zip_checkpoint(tmp_path):
     path = save(tmp_path / "old.ckpt", lightning(6.0), _use_new_zipfile_serialization=False)
     ckpt = checkpoints.read(path)
     assert torch.equal(ckpt["state_dict"]["w"], torch.full((3,), 6.0))
-    assert ckpt["hyper_parameters"]["attention"].name == "hnas"
+    assert ckpt["hyper_parameters"]["attention"]["name"] == "hnas"
 
 
 @pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
@@ -150,7 +170,11 @@ def test_read_an_unreadable_file_alone_in_its_folder_gives_the_error_type(tmp_pa
     with pytest.raises(DataError) as err:
         checkpoints.read(path)
     assert str(err.value) == (f"ckpt_path={path} is not a readable checkpoint (truncated or corrupt: "
-                              "Ran out of input); use another one")
+                              "the file is empty); use another one")
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(DataError, match=r"\(truncated or corrupt: neither a zip archive nor a pickle\)"):
+        checkpoints.read(path)
+    path.write_bytes(b"PK" + b"\0" * 40)
 
     def silent(*args, **kwargs):
         raise EOFError()
@@ -168,6 +192,55 @@ def test_read_a_pickle_that_is_not_a_lightning_checkpoint(content, tmp_path):
         checkpoints.read(path, key="ckpt")
     assert str(err.value) == (f"ckpt={path} is not a Lightning checkpoint (no state_dict); give a .ckpt "
                               f"written by train.py, e.g. one of last.ckpt in {tmp_path}")
+
+
+# ----------------------------------------------------------------------------- data, not code
+def test_a_save_holds_plain_data_only_and_loads_weights_only(tmp_path):
+    """What Lightning hands the IO (a DictConfig, Hydra's optimizer partial) is written as plain
+    data: torch.load(weights_only=True) reads it back, the config as a dict, the partial as its node."""
+    path = tmp_path / "last.ckpt"
+    checkpoint = pickled(2.0)
+    checkpoint["state_dict"] = torch.nn.Linear(2, 3).state_dict()  # keeps its _metadata
+    checkpoint["callbacks"] = {"RngState": {"numpy": [np.int64(3), np.arange(3)]}}
+    checkpoints.AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["hyper_parameters"] == {
+        "attention": {"name": "hnas"},
+        "optimizer": {"_target_": "torch.optim.adamw.AdamW", "_partial_": True, "lr": 1e-3,
+                      "weight_decay": 0.01}}
+    assert loaded["state_dict"]._metadata == checkpoint["state_dict"]._metadata
+    assert loaded["callbacks"]["RngState"]["numpy"][0] == 3
+    assert torch.equal(loaded["callbacks"]["RngState"]["numpy"][1], torch.arange(3))
+    assert trust.plain_data(checkpoint["state_dict"]) is checkpoint["state_dict"]  # no copy
+
+
+def test_a_checkpoint_that_needs_unpickling_is_refused_in_one_line_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    path = save(tmp_path / "run" / "checkpoints" / "last.ckpt", {**lightning(), "x": Payload(marker)})
+    with pytest.raises(DataError) as err:
+        checkpoints.read(path)
+    assert str(err.value) == (
+        f"ckpt_path={path} holds pickled Python objects (posix.system), and loading them would run "
+        f"code from the file; attnlab's own checkpoints hold tensors and plain data only. If you "
+        f"trust whoever wrote it, load it with trust_checkpoint=true")
+    assert not marker.exists()
+    old = save(tmp_path / "old.ckpt", pickled(3.0))
+    with pytest.raises(DataError, match=r"\(omegaconf\.dictconfig\.DictConfig\).*trust_checkpoint=true$"):
+        checkpoints.read(old)
+    trusted = checkpoints.read(old, trust=True)  # the opt-in: loaded as before
+    assert trusted["hyper_parameters"]["attention"].name == "hnas"
+
+
+def test_the_older_runs_fixtures_that_hold_objects_need_the_opt_in(tmp_path):
+    refused = []
+    for ckpt in sorted((FIXTURES / "checkpoints").glob("*/checkpoints/last.ckpt")):
+        try:
+            checkpoints.read(ckpt)
+        except DataError as err:
+            assert str(err).endswith("trust_checkpoint=true")
+            refused.append(ckpt.parent.parent.name)
+        assert "state_dict" in checkpoints.read(ckpt, trust=True)
+    assert refused == ["classify", "lm", "mlm", "mt", "vqa"]  # headline's hyper-parameters were plain
 
 
 # ----------------------------------------------------------------------------- run_config, origin
@@ -188,19 +261,55 @@ def test_run_config_reads_the_run_dirs_config_or_hydras(tmp_path):
     assert checkpoints.run_config(ckpt).task.name == "lm"
     OmegaConf.save(OmegaConf.create({"task": {"name": "vqa"}}), tmp_path / "b" / "config.yaml")
     assert checkpoints.run_config(ckpt).task.name == "vqa"  # the run dir's own copy first
-    # the nearest folder first: a config beside the checkpoint wins over the run dir's
-    (tmp_path / "b" / "checkpoints" / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.create({"task": {"name": "mt"}}), tmp_path / "b" / "checkpoints" / ".hydra"
-                   / "config.yaml")
-    assert checkpoints.run_config(ckpt).task.name == "mt"
+    # a config beside the checkpoint is not its run's: only <run>/checkpoints/x.ckpt -> <run>/
+    OmegaConf.save(OmegaConf.create({"task": {"name": "mt"}}), tmp_path / "b" / "checkpoints" / "config.yaml")
+    assert checkpoints.run_config(ckpt).task.name == "vqa"
 
 
-def test_run_config_looks_three_folders_up_and_no_further(tmp_path):
+def test_run_config_is_only_the_checkpoints_own_run_folders(tmp_path):
+    """A config a folder or three up (a shared temp folder) says nothing about a checkpoint
+    outside a run's checkpoints/ folder."""
     OmegaConf.save(OmegaConf.create({"task": {"name": "mt"}}), tmp_path / "config.yaml")
-    ckpt = save(tmp_path / "a" / "b" / "c" / "last.ckpt", lightning())  # parents: c, b, a, tmp_path
-    assert checkpoints.run_config(ckpt) is None
-    ckpt = save(tmp_path / "a" / "b" / "last.ckpt", lightning())  # parents: b, a, tmp_path
-    assert checkpoints.run_config(ckpt).task.name == "mt"
+    for ckpt in (save(tmp_path / "a" / "last.ckpt", lightning()), save(tmp_path / "last.ckpt", lightning()),
+                 save(tmp_path / "a" / "b" / "x.ckpt", lightning())):
+        assert checkpoints.run_config(ckpt) is None
+    assert checkpoints.run_config(save(tmp_path / "checkpoints" / "last.ckpt", lightning())).task.name == "mt"
+
+
+@pytest.mark.parametrize("target", ["torch.load", "os.system", "builtins.eval",
+                                    "attnlab.files.atomic_write_text", "${oc.env:HOME}"])
+def test_a_foreign_target_in_a_run_config_is_refused_naming_the_key(target, tmp_path):
+    ckpt = run_dir(tmp_path)
+    OmegaConf.save(OmegaConf.create({"task": {"name": "mlm", "module": {"net": {
+        "_target_": target, "f": str(ckpt), "weights_only": False}}}}), tmp_path / "config.yaml")
+    saved = checkpoints.run_config(ckpt)  # read as data, nothing built
+    assert checkpoints.run_config_file(ckpt) == tmp_path / "config.yaml"
+    trust.check_targets(saved, "x", node="model")  # only what will be built is judged
+    with pytest.raises(ConfigError) as err:
+        trust.check_targets(saved, checkpoints.run_config_file(ckpt), node="task")
+    shown = os.environ["HOME"] if target.startswith("$") else target
+    assert str(err.value).startswith(f"{tmp_path / 'config.yaml'}: task.module.net._target_={shown} is "
+                                     f"not a class attnlab builds")
+
+
+def test_the_targets_attnlab_writes_pass(tmp_path):
+    """Classes of attnlab, the tasks, torch's optimizers and Lightning; the LR schedules'
+    functions; and every _target_ of every task's composed config (lists included)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab import config_args
+
+    config_args.register(CONF)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for task in sorted(p.stem for p in (CONF / "task").glob("*.yaml")):
+            cfg = compose("train", overrides=[f"task={task}", "logger=many", f"paths.output_dir={tmp_path}"])
+            trust.check_targets(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), task)
+    trust.check_targets(OmegaConf.create({"trainer": {"plugins": [
+        {"_target_": "attnlab.checkpoints.AtomicCheckpointIO"}]}, "s": {
+        "_target_": "tasks.common.optim.linear_schedule", "_partial_": True}}), "x")
+    with pytest.raises(ConfigError, match=r"trainer\.plugins\[1\]\._target_=subprocess\.run"):
+        trust.check_targets(OmegaConf.create({"trainer": {"plugins": [
+            {"_target_": "attnlab.checkpoints.AtomicCheckpointIO"}, {"_target_": "subprocess.run"}]}}), "x")
 
 
 def test_origin_from_the_run_config_then_the_hyper_parameters(tmp_path):
@@ -475,3 +584,25 @@ def test_resolve_ckpt_path_last_prefers_this_run_then_the_newest_of_its_task_and
     assert resolve_ckpt_path(cfg) == str(middle)  # the newest by mtime, not by name
     here = touch_ckpt(root / "now" / "checkpoints" / "last.ckpt", 1)  # this run's own, however old
     assert resolve_ckpt_path(cfg) == str(here)
+
+
+# ----------------------------------------------------------------------------- what runs write
+@pytest.mark.parametrize("task", sorted(CARDS))
+def test_every_checkpoint_a_run_writes_loads_weights_only(task, tmp_path, data_dir, one_thread):
+    """A tiny run of each task, in process: the best and the last checkpoint (written mid-epoch
+    too) and what trainer.save_checkpoint writes load with torch.load(weights_only=True). (The
+    preemption and sweep jobs' checkpoints: tests/e2e/test_cli.py.)"""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab import runner
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"task={task}", "logger=none", "test=false",
+                                          f"paths.output_dir={tmp_path}", f"paths.data_dir={data_dir}",
+                                          *TINY[task], "callbacks.last_checkpoint.every_n_train_steps=1"])
+    runner.train(cfg)
+    written = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert "last.ckpt" in written and any(n.startswith("best-") for n in written), written
+    for name in written:
+        ckpt = torch.load(tmp_path / "checkpoints" / name, weights_only=True, map_location="cpu")
+        assert ckpt["state_dict"] and isinstance(ckpt["hyper_parameters"], dict)

@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["attnlab", "attnlab.errors", "attnlab.files", "attnlab.console",
                     "attnlab.figures", "attnlab.loggers", "attnlab.logger_guard",
                     "attnlab.sampling", "attnlab.config_args", "attnlab.cards",
-                    "attnlab.checkpoints", "attnlab.study", *sorted(STUDY_LEAVES)]),
+                    "attnlab.checkpoints", "attnlab.trust", "attnlab.study", *sorted(STUDY_LEAVES)]),
     # attention, bottom up. Kernels: tensors in, tensors out
     ("attention: kernels", ["attnlab.attention.kernels.*"]),
     # what the schemes run on: which kernel serves a call (paths, the CUDA table), the

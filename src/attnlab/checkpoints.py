@@ -6,6 +6,13 @@ a kill at any moment leaves either the previous complete file or the new one. (L
 default goes through fsspec, which writes to the system temp dir and moves the file: a copy,
 not a rename, when /tmp is another filesystem.)
 
+**A checkpoint is data, not code** (attnlab.trust): what attnlab writes holds tensors and plain
+containers only, so every load is `torch.load(weights_only=True)`; a checkpoint that needs
+unpickling (one written before this, or by anyone else) is refused in one line naming
+`trust_checkpoint=true`, the opt-in that loads it as before. A run's config is read only from the
+checkpoint's own run folder (`<run>/checkpoints/x.ckpt` -> `<run>/config.yaml`), and what eval
+builds of it passes `trust.check_targets` first.
+
 `read` / `check_run` / `check_fits` turn a missing file, a directory, a truncated or corrupt file,
 or a checkpoint of another task or model into one ConfigError/DataError naming the file.
 
@@ -28,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError, DataError, require_file
 from attnlab.files import atomic_write
+from attnlab.trust import needs_unpickling, plain_data, untrusted_message
 
 # the attribute that held a task module's network before it was injected as `net`
 OLD_NETWORK_PREFIX = "model."
@@ -35,6 +43,7 @@ OLD_NETWORK_PREFIX = "model."
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        checkpoint = plain_data(checkpoint)  # loads with weights_only=True
         if "://" in str(path):  # remote storage: fsspec's own transaction
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
@@ -42,26 +51,69 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, f)
 
 
-def read(path, key: str = "ckpt_path") -> dict:
-    """The checkpoint (tensors memory-mapped, cheap), or one DataError naming what is wrong."""
+def read(path, key: str = "ckpt_path", trust: bool = False) -> dict:
+    """The checkpoint (tensors memory-mapped, cheap), loaded weights-only, or one DataError naming
+    what is wrong. `trust` (`trust_checkpoint=true`): unpickle what it holds, as torch.load did
+    before weights_only, for a checkpoint from someone the user trusts."""
     path = require_file(path, key, example=f"{key}=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception:  # noqa: BLE001 - not a zip file (legacy, or damaged): read it plainly
-        ckpt = None
-    try:
-        if ckpt is None:
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - zip, pickle, EOF errors: all mean the same here
-        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    with open(path, "rb") as f:
+        head = f.read(2)
+    detail = "the file is empty" if not head else "neither a zip archive nor a pickle"
+    # torch's zip format, memory-mapped (cheap) and else read (a damaged one says why), or a pickle
+    attempts = (True, False) if head == b"PK" else (False,) if head[:1] == b"\x80" else ()
+    for mmap in attempts:
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
+        except Exception as err:  # noqa: BLE001 - zip, pickle, EOF errors: all mean the same here
+            if needs_unpickling(err):
+                raise DataError(untrusted_message(path, key, err)) from None
+            detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        else:
+            detail = None
+            break
+    if detail is not None:
         raise DataError(
             f"{key}={path} is not a readable checkpoint (truncated or corrupt: {detail}); use "
             f"another one{_siblings(path)}"
-        ) from None
+        )
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise DataError(f"{key}={path} is not a Lightning checkpoint (no state_dict); give a .ckpt "
                         f"written by train.py{_siblings(path)}")
     return ckpt
+
+
+# ----------------------------------------------------------------------------- resuming
+def newest_last(root: Path) -> Path | None:
+    """The newest `<root>/<run>/checkpoints/last.ckpt` (by modification time), or None."""
+    found = sorted(Path(root).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def resume_dir(new_run_dir: str, ckpt_path: str | None) -> str:
+    """Hydra's run dir (conf/hydra/default.yaml: `${resume_dir:<a new run's dir>,${ckpt_path}}`):
+    a run resumed from a checkpoint of a run folder (`<run>/checkpoints/x.ckpt`, or
+    `ckpt_path=last`: the newest last.ckpt of the task and model, the new dir's siblings) runs in
+    that folder, so that its log, checkpoints and metrics join the run's and no folder holding
+    only `.hydra/` and a log is left behind; any other run gets `new_run_dir`."""
+    if ckpt_path in (None, "", "None"):
+        return new_run_dir
+    ckpt = newest_last(Path(new_run_dir).parent) if str(ckpt_path) == "last" else Path(str(ckpt_path))
+    if ckpt is not None and ckpt.parent.name == "checkpoints" and ckpt.is_file() \
+            and (ckpt.parent.parent / "config.yaml").is_file():
+        return str(ckpt.parent.parent)
+    return new_run_dir
+
+
+def resume_subdir(ckpt_path: str | None, now: str) -> str:
+    """Where Hydra writes the invocation's configs: `.hydra`, and for a resume `.hydra/resume-<time>`
+    (the run's own `.hydra` stays as the run began)."""
+    return ".hydra" if ckpt_path in (None, "", "None") else f".hydra/resume-{now}"
+
+
+def register_resolvers() -> None:
+    """`resume_dir` and `resume_subdir` for the Hydra config (attnlab.cli registers them)."""
+    OmegaConf.register_new_resolver("resume_dir", resume_dir, replace=True)
+    OmegaConf.register_new_resolver("resume_subdir", resume_subdir, replace=True)
 
 
 def _siblings(path: Path) -> str:
@@ -69,13 +121,23 @@ def _siblings(path: Path) -> str:
     return f", e.g. one of {', '.join(others)} in {path.parent}" if others else ""
 
 
+def run_config_file(path) -> Path | None:
+    """The config file of the run that wrote the checkpoint: its own run folder's
+    (`<run>/checkpoints/x.ckpt` -> `<run>/config.yaml`, else Hydra's `<run>/.hydra/config.yaml`);
+    None for a checkpoint outside a run's `checkpoints/` folder (no other folder is trusted to
+    say how to build its model)."""
+    path = Path(path)
+    if path.parent.name != "checkpoints":
+        return None
+    return next((f for f in (path.parent.parent / "config.yaml", path.parent.parent / ".hydra" / "config.yaml")
+                 if f.is_file()), None)
+
+
 def run_config(path) -> Any | None:
-    """The composed config of the run that wrote the checkpoint (its run dir's config.yaml)."""
-    for parent in list(Path(path).parents)[:3]:
-        for name in ("config.yaml", ".hydra/config.yaml"):
-            if (parent / name).is_file():
-                return OmegaConf.load(parent / name)
-    return None
+    """The composed config of the run that wrote the checkpoint (`run_config_file`), as data:
+    before building anything of it, `check_targets`."""
+    file = run_config_file(path)
+    return None if file is None else OmegaConf.load(file)
 
 
 def origin(path, ckpt: dict) -> dict[str, str]:

@@ -23,13 +23,14 @@ from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 
-from attnlab import config_args
+from attnlab import checkpoints, config_args
 from attnlab.errors import USER_FULL_ERROR, full_error, report, user_error_message
 
 
 def run(app: Callable[[], Any], conf_dir: str | Path) -> None:
     """Call a `@hydra.main` function; exits 0, 2 (the user's error) or 1 (a bug)."""
     config_args.register(Path(conf_dir))
+    checkpoints.register_resolvers()  # a resumed run's dir (conf/hydra/default.yaml)
     user_full = full_error()
     saved = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", USER_FULL_ERROR)}
     os.environ[USER_FULL_ERROR] = "1" if user_full else "0"

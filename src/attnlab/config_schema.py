@@ -100,6 +100,8 @@ EXAMPLES = {"precision": "bf16-mixed", "devices": "1", "accelerator": "cpu", "st
             "max_time": "00:12:00:00", "val_check_interval": "0.5"}
 # (width, heads) pairs: each head gets width / heads dimensions.
 HEAD_SPLITS = (("d_model", "nhead"),)
+# what every seeder takes (numpy's legacy RandomState, Lightning's seed_everything): 32 bits
+SEED_MAX = 2**32 - 1
 
 
 def validate(cfg: DictConfig) -> None:
@@ -117,6 +119,23 @@ def validate(cfg: DictConfig) -> None:
         _check_head_splits(cfg, "task.module.net")  # the injected network's width and heads
 
 
+def check_accelerator(cfg: DictConfig) -> None:
+    """A GPU accelerator (hardware=gpu, ddp, fsdp) on a machine without CUDA: one line naming
+    the CPU choices, before Lightning's own "No supported gpu backend found!". Apart from
+    `validate`, which judges the config alone (the shipped GPU configs are valid anywhere)."""
+    import torch
+
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator", default=None)
+    if str(accelerator) not in ("gpu", "cuda") or torch.cuda.is_available():
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    choice = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
+    given = f"hardware={choice}" if choice else f"trainer.accelerator={accelerator}"
+    raise ConfigError(f"{given} needs a CUDA GPU, and this machine has none; on the CPU use "
+                      f"hardware=cpu, or hardware=ddp_cpu / hardware=fsdp_cpu for 2 processes")
+
+
 def task_rule(name: str) -> Rule | None:
     for patterns, rule in TASK_RULES:
         if any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -126,7 +145,9 @@ def task_rule(name: str) -> Rule | None:
 
 def _check_top_level(cfg: DictConfig) -> None:
     checks = {
-        "seed": (_int, "an integer", "seed=3"),
+        "seed": (lambda v: _int(v) and 0 <= v <= SEED_MAX, f"an integer in [0, {SEED_MAX}]",
+                 "seed=3"),
+        "trust_checkpoint": (lambda v: isinstance(v, bool), "true or false", "trust_checkpoint=true"),
         "train": (lambda v: isinstance(v, bool), "true or false", "train=false"),
         "test": (lambda v: isinstance(v, bool), "true or false", "test=false"),
         "ckpt_path": (lambda v: v is None or isinstance(v, str), "last or a path to a .ckpt",

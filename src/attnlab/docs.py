@@ -1,12 +1,16 @@
 """`python -m attnlab.docs` (`make docs`): regenerate the docs' parts that the code decides.
 
-Two parts, each between its markers:
+Its parts, each between its markers:
 - README.md, `<!-- matrix:begin -->` ... `<!-- matrix:end -->`: the model x task matrix, a row per
   registered scheme, a column per task card, each cell asked of the code that decides it
   (`attnlab.runner.check_scheme_fits_task`, `AttentionSpec.for_decoder`);
 - docs/attention.md, `<!-- routes:begin -->` ... `<!-- routes:end -->`: which kernel runs each
   registered scheme on the CPU, a column per kind of call, each cell `route(call)` of a call of
-  that kind (tests/attention/test_routes.py checks that it is the kernel that runs).
+  that kind (tests/attention/test_routes.py checks that it is the kernel that runs);
+- README.md and docs/results.md, `<!-- test-run:begin -->` ... `<!-- test-run:end -->`: the test
+  suite's count and time, from `docs/test_run.json`, the last measurement: a whole passing
+  `make test` writes `outputs/test_run.json` (tests/helpers/measured_run.py) and `make docs`
+  copies it there first.
 A new scheme or task changes them; `make docs` rewrites them and `tests/e2e/test_docs.py` fails
 until they are current.
 
@@ -17,6 +21,7 @@ until they are current.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -24,8 +29,12 @@ from attnlab.cards import CONF_DIR
 
 README = CONF_DIR.parent / "README.md"
 ATTENTION_DOC = CONF_DIR.parent / "docs" / "attention.md"
+RESULTS_DOC = CONF_DIR.parent / "docs" / "results.md"
+TEST_RUN_RECORD = CONF_DIR.parent / "docs" / "test_run.json"  # the last measurement, committed
+MEASURED_RUN = CONF_DIR.parent / "outputs" / "test_run.json"  # what the last `make test` wrote
 MATRIX_BEGIN, MATRIX_END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 ROUTES_BEGIN, ROUTES_END = "<!-- routes:begin -->", "<!-- routes:end -->"
+TEST_RUN_BEGIN, TEST_RUN_END = "<!-- test-run:begin -->", "<!-- test-run:end -->"
 # the kinds of CPU call the routes table has a column for: (heading, padded, causal, dropout_p)
 CALL_KINDS = (("plain", False, False, 0.0), ("padding", True, False, 0.0),
               ("causal", False, True, 0.0), ("causal, padding", True, True, 0.0),
@@ -117,6 +126,21 @@ def routes() -> str:
     return "\n".join(lines)
 
 
+def duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def suite_figures(record_path: Path | None = None) -> str:
+    """The sentence of the last measured `make test` (docs/test_run.json)."""
+    record = json.loads((record_path or TEST_RUN_RECORD).read_text())
+    return (f"**{duration(record['seconds'])}** for {record['tests']:,} tests ({record['passed']:,} "
+            f"passed, {record['skipped']} skipped) on {record['cores']} cores ({record['cpu']}, load "
+            f"{record['load_at_start']} at the start, Python {record['python']}, {record['date']}); "
+            f"`make docs` writes this from the last whole passing `make test`, and a run whose "
+            f"count differs fails until it is current.")
+
+
 def between(text: str, begin: str, end: str) -> str:
     """The text between two markers, stripped."""
     return text[text.index(begin) + len(begin): text.index(end)].strip()
@@ -139,12 +163,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=README, help="the README to update")
     parser.add_argument("--attention-doc", type=Path, default=ATTENTION_DOC,
                         help="docs/attention.md, whose routes table to update")
+    parser.add_argument("--results-doc", type=Path, default=RESULTS_DOC,
+                        help="docs/results.md, whose test figures to update")
+    parser.add_argument("--test-run", type=Path, default=TEST_RUN_RECORD,
+                        help="the last measured test run the figures come from")
+    parser.add_argument("--measured", type=Path, default=MEASURED_RUN,
+                        help="what the last whole `make test` wrote; copied to --test-run first")
     parser.add_argument("--check", action="store_true", help="exit 1 if one is stale; write nothing")
     args = parser.parse_args(argv)
+    if not args.check and args.measured.is_file() and (
+            not args.test_run.is_file() or args.measured.read_text() != args.test_run.read_text()):
+        from attnlab.files import atomic_write_text
+
+        atomic_write_text(args.test_run, args.measured.read_text())
+        print(f"{args.test_run}: the last measured test run, copied from {args.measured}")
+    figures = lambda: suite_figures(args.test_run)  # read after the copy above
     parts = [(args.readme, "--readme", MATRIX_BEGIN, MATRIX_END, "the model x task matrix", matrix,
               "the README", "README.md"),
              (args.attention_doc, "--attention-doc", ROUTES_BEGIN, ROUTES_END, "the routes table",
-              routes, "the attention page", "docs/attention.md")]
+              routes, "the attention page", "docs/attention.md"),
+             (args.readme, "--readme", TEST_RUN_BEGIN, TEST_RUN_END, "the test figures", figures,
+              "the README", "README.md"),
+             (args.results_doc, "--results-doc", TEST_RUN_BEGIN, TEST_RUN_END, "the test figures",
+              figures, "the results page", "docs/results.md")]
     status = 0
     for path, option, begin, end, what, generate, page, example in parts:
         try:
@@ -157,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {option} {path} lacks the markers {begin} ... {end} {what} goes "
                   f"between; give {page}, e.g. {option} {example}", file=sys.stderr)
             return 2
-        new = replaced(text, begin, end, generate())
+        try:
+            new = replaced(text, begin, end, generate())
+        except FileNotFoundError as err:  # no measured test run yet
+            print(f"error: {err.filename} is missing: {what} come from it; run `make test` (a whole "
+                  f"passing run writes {MEASURED_RUN}), then `make docs`", file=sys.stderr)
+            return 2
         if new == text:
             print(f"{path}: {what} is current")
         elif args.check:

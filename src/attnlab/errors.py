@@ -111,14 +111,26 @@ def user_error_message(exc: BaseException, argv: Iterable[str] = ()) -> str | No
         key = getattr(exc, "full_key", None)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _one_line(f"{key}: {first}" if key else first)
-    if isinstance(exc, OSError) and exc.errno in _FILE_ERRNOS and exc.filename:
-        hint = "; fix the path in the config" if exc.errno in _PATH_ERRNOS else ""
-        return _one_line(f"{exc.filename}: {exc.strerror}{hint}")
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
+        # a full or read-only disk, wherever the write was (a checkpoint, a log, a cache): the
+        # fix is room, or another folder for the run
+        where = f"{exc.filename}: " if exc.filename else "writing the run's files: "
+        room = "a folder with room" if exc.errno != errno.EROFS else "a writable folder"
+        fix = (f"{'free space there, or ' if exc.errno != errno.EROFS else ''}write the run "
+               f"elsewhere: paths.output_dir=<{room}> (every run: paths.log_dir=<{room}>)")
+        return _one_line(f"{where}{exc.strerror or os.strerror(exc.errno)}; {fix}")
+    if isinstance(exc, OSError) and exc.errno in _PERMISSION_ERRNOS and exc.filename:
+        return _one_line(f"{exc.filename}: {exc.strerror}; check its permissions, or use another "
+                         f"folder (the run's files: paths.output_dir=<folder>, every run's: "
+                         f"paths.log_dir=<folder>)")
+    if isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS and exc.filename:
+        return _one_line(f"{exc.filename}: {exc.strerror}; fix the path in the config")
     return None
 
 
 _PATH_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
-_FILE_ERRNOS = _PATH_ERRNOS | {errno.EACCES, errno.ENOSPC, errno.EROFS}
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+_PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM}
 
 
 def _one_line(text: str) -> str:

@@ -8,7 +8,8 @@ parallel sweep job, a resumed run, the report) may read, or that a kill may inte
 The data go to a temporary file in the same folder (so the rename never crosses a filesystem),
 are flushed and fsynced, and the file is renamed over `path` (os.replace: atomic). A reader, a
 crash or a kill at any moment sees the previous file or the new one, never part of one; on an
-error the temporary file is removed.
+error the temporary file is removed, and an OSError that names no file (a write or fsync on a
+full disk) is raised again naming `path`, so that the user is told which file and where.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def atomic_write(path: str | Path, mode: str = "wb", *, partial: str | None = No
             tmp.unlink()
         else:
             os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -25,13 +25,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab import checkpoints, logger_guard, wandb_runs
+from attnlab import checkpoints, logger_guard, trust, wandb_runs
 from attnlab.attention import AttentionSpec
 from attnlab.attention.schemes import fitting
 from attnlab.callbacks import AfterTestAnalysis
 from attnlab.cards import CONF_DIR
 from attnlab.compiling import compile_net
-from attnlab.config_schema import validate
+from attnlab.config_schema import check_accelerator, validate
 from attnlab.errors import (
     ConfigError,
     full_error,
@@ -129,13 +129,13 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     if here.is_file():
         return str(here)
     pattern_root = Path(cfg.paths.log_dir) / cfg.task.name / cfg.model.name
-    found = sorted(pattern_root.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    if not found:
+    found = checkpoints.newest_last(pattern_root)
+    if found is None:
         raise ConfigError(
             f"ckpt_path=last: no last.ckpt under {pattern_root}/*/checkpoints/; "
             f"start without ckpt_path, or pass ckpt_path=<path to a .ckpt>"
         )
-    return str(found[-1])
+    return str(found)
 
 
 def finish_wandb() -> None:
@@ -155,10 +155,12 @@ def train(cfg: DictConfig) -> dict:
     t0 = time.time()
     validate(cfg)  # every option, before any work: one clear ConfigError
     check_scheme_fits_task(cfg)  # the model group: the scheme's own options, and causal tasks
+    check_accelerator(cfg)  # hardware=gpu on a machine without CUDA
     ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
+    trusted = bool(cfg.get("trust_checkpoint", False))  # unpickle a checkpoint's objects: opt-in
     checkpoint = None
     if ckpt_path:
-        checkpoint = checkpoints.read(ckpt_path)  # not truncated, a Lightning checkpoint
+        checkpoint = checkpoints.read(ckpt_path, trust=trusted)  # data only, a Lightning checkpoint
         checkpoints.check_run(ckpt_path, checkpoint, cfg.task.name, cfg.model.name)
     if ckpt_path and (Path(ckpt_path).parent.parent / "config.yaml").is_file():
         # a resumed run finishes in its own run dir: checkpoints, best-model tracking, PNGs and
@@ -196,9 +198,9 @@ def train(cfg: DictConfig) -> dict:
 
     val_score = None
     if cfg.get("train", True):
-        # weights_only=False: our own checkpoints hold the config (DictConfig) in their hparams
+        # weights only: attnlab's checkpoints hold tensors and plain data (trust.plain_data)
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=not trusted)
         except SystemExit as exc:
             # Lightning answers Ctrl-C with its own exit(1) once PreemptionCheckpoint has written
             # last.ckpt: name it, so that run_job exits as a shell does on SIGINT (130). (SIGTERM
@@ -218,7 +220,7 @@ def train(cfg: DictConfig) -> dict:
         best = ckpt_cb.best_model_path if ckpt_cb is not None else ""
         if not best or trainer.fast_dev_run:
             best = None  # no checkpoint: test the weights as they are
-        trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=False)
+        trainer.test(module, datamodule=datamodule, ckpt_path=best, weights_only=not trusted)
         metrics.update(to_float_dict(trainer.callback_metrics))
     wandb_runs.log_best_checkpoint(cfg, trainer, logger_guard.alive(loggers))  # logger.wandb.log_model=best
     # analyses that run their own evaluations on the final (tested) weights, e.g. HeadImportance
@@ -296,9 +298,13 @@ def evaluate(cfg: DictConfig) -> dict:
         raise ConfigError("ckpt_path is required: python eval.py "
                           "ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
     validate(cfg)
+    check_accelerator(cfg)
     ckpt = Path(str(cfg.ckpt_path))
-    checkpoint = checkpoints.read(ckpt)  # exists, is a file, not truncated
-    saved = checkpoints.run_config(ckpt)
+    # exists, is a file, not truncated, data only (trust_checkpoint=true: unpickled as it comes)
+    checkpoint = checkpoints.read(ckpt, trust=bool(cfg.get("trust_checkpoint", False)))
+    saved = checkpoints.run_config(ckpt)  # its own run folder's config, as data
+    if saved is not None:  # what will be built of it (its task) must be attnlab's to build
+        trust.check_targets(saved, checkpoints.run_config_file(ckpt), node="task")
     if saved is None:  # this invocation's task config (task=<its task>), overrides applied
         task_cfg = OmegaConf.create(OmegaConf.to_container(cfg.task, resolve=True))
     else:  # a run from before the injected network has its flat task.module upgraded

@@ -29,6 +29,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.progress import Progress
 
+from attnlab import checkpoints
 from attnlab.attention import AttentionSpec
 from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, ClaimResult, Run, not_tested
 from tasks.classify.pretrained import load_pretrained_bert
@@ -79,7 +80,7 @@ def fine_tuned_bert(run_dir: Path) -> torch.nn.Module:
         raise FileNotFoundError(f"{run_dir}/checkpoints has no checkpoint")
     layers = OmegaConf.select(config, "task.module.net.pretrained_layers")
     bert = load_pretrained_bert(AttentionSpec.from_config(config.model), layers)
-    state = torch.load(ckpts[0], map_location="cpu", weights_only=False)["state_dict"]
+    state = checkpoints.read(ckpts[0])["state_dict"]  # weights only: data, not code
     prefix = "net.encoder.bert."
     bert.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
     return bert

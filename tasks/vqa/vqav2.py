@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,9 +162,7 @@ class MMFFeatures:
             raise DataError(
                 f"{feature_path}: expected an N x D numeric array, got {feats.dtype} {feats.shape}"
             )
-        info = _load_npy(info_path, allow_pickle=True)
-        if info.shape == () and info.dtype == object:
-            info = info.item()
+        info = _load_info(info_path)
         if not isinstance(info, dict):
             raise DataError(
                 f"{info_path}: expected a pickled dict (bbox, num_boxes, image_width, image_height)"
@@ -187,13 +186,54 @@ class MMFFeatures:
         return out_feats, np.clip(out_boxes, 0.0, 1.0), n
 
 
-def _load_npy(path: Path, allow_pickle: bool = False) -> np.ndarray:
+# what the pickle of an MMF info file (a dict of arrays and numbers, np.save'd) may name: numpy's
+# arrays, dtypes and scalars; nothing that runs code
+_INFO_GLOBALS = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+                 ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
+                 ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+class _InfoUnpickler(pickle.Unpickler):
+    """A data file is data: the info dict's arrays and numbers, and no other Python object (an
+    `_info.npy` is a pickle, and unpickling an arbitrary one runs its code)."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _INFO_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, not a numpy array or number")
+        return super().find_class(module, name)
+
+
+def _load_info(path: Path) -> dict:
+    """An MMF `<image>_info.npy` (a pickled dict, np.save'd as a 0-d object array), read with
+    only numpy's arrays and numbers allowed in its pickle."""
     if not path.is_file():
         raise DataError(
             f"VQA-v2 feature file not found: {path}; check task.vqav2 feature_dirs / name_pattern"
         )
     try:
-        return np.load(path, allow_pickle=allow_pickle)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            _, _, dtype = read_header(f)
+            if dtype != object:  # a plain array where a dict should be: the checks below say so
+                f.seek(0)
+                return np.load(f)
+            info = _InfoUnpickler(f).load()
+    except Exception as err:  # ValueError, EOFError, UnpicklingError, OSError: all mean corrupt
+        raise DataError(
+            f"corrupt feature file {path} ({type(err).__name__}: {err}); re-extract it"
+        ) from err
+    return info.item() if isinstance(info, np.ndarray) and info.shape == () else info
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(
+            f"VQA-v2 feature file not found: {path}; check task.vqav2 feature_dirs / name_pattern"
+        )
+    try:
+        return np.load(path, allow_pickle=False)
     except Exception as err:  # ValueError, EOFError, UnpicklingError, OSError: all mean corrupt
         raise DataError(
             f"corrupt feature file {path} ({type(err).__name__}: {err}); re-extract it"

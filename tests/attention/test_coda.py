@@ -376,3 +376,68 @@ def test_a_transform_built_with_defaults_is_the_first_layer_of_one_head(name):
     assert torch.equal(first.eval()(scores, None), scores)  # no previous layer: the scores
     later = cls(num_heads=H, receives_logits=True)
     assert later.num_heads == H and later.receives_logits
+
+
+# ----------------------------------------------------------------------------- the cascade step itself
+def _heads_problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, H, 5, 4, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, -2:] = True
+    return q, k, v, mask
+
+
+def test_the_cascade_step_checks_masks_and_causality_and_drops_weights():
+    """A transform's attend_heads validates the call as the normalization's own attend would
+    (masks; a query normalization refused in causal attention, a causal-only one run there) and
+    drops weights with the attention dropout."""
+    from attnlab.attention.schemes.base import Heads
+    from attnlab.attention.schemes.coda import Coda, CodaOptions
+    from attnlab.attention.schemes.normalizer import apply_weights
+
+    first = Coda(CodaOptions(noise=False), H)
+    unas = AttentionSpec("unas").build_normalizer()
+    q, k, v, mask = _heads_problem()
+    for key in ("key_padding_mask", "query_padding_mask"):
+        with pytest.raises(ConfigError, match=rf"^{key} must be a bool tensor \(True = padding\)"):
+            first.attend_heads(unas, Heads(q, k, v, **{key: mask.float()}))
+    with pytest.raises(ConfigError, match="leaks the future"):
+        first.attend_heads(AttentionSpec("dnas").build_normalizer(), Heads(q, k, v, causal=True))
+    stick = first.attend_heads(AttentionSpec("stickbreaking").build_normalizer(), Heads(q, k, v, causal=True))
+    assert torch.isfinite(stick.out).all()
+    torch.manual_seed(3)
+    dropped = first.attend_heads(unas, Heads(q, k, v, dropout_p=0.5))
+    torch.manual_seed(3)  # the same seed drops the same weights
+    weights = torch.softmax(q @ k.transpose(-2, -1) / 2.0, -1)
+    torch.testing.assert_close(dropped.out, apply_weights(weights, v, 0.5), atol=1e-6, rtol=0)
+    assert not torch.allclose(dropped.out, weights @ v, atol=1e-3)
+
+
+def test_a_transform_gets_and_passes_on_logits_that_are_zero_where_masked():
+    """`forward` is given this layer's scores and the previous layer's logits with 0 at masked
+    pairs, and the logits handed on are 0 there too (finite: the next layer masks them again)."""
+    from attnlab.attention import LogitTransform
+    from attnlab.attention.schemes.base import Heads
+
+    seen = []
+
+    class Adding(LogitTransform):
+        name = "test_adding"
+
+        def forward(self, scores, previous):
+            seen.append((scores, previous))
+            return scores + previous + 1.0  # 1 everywhere the masks do not zero it
+
+    layer = Adding(None, H, receives_logits=True)
+    unas = AttentionSpec("unas").build_normalizer()
+    q, k, v, mask = _heads_problem(seed=1)
+    previous = torch.randn(2, H, 5, 5)
+    attended = layer.attend_heads(unas, Heads(q, k, v, key_padding_mask=mask, prev_logits=previous))
+    ((given_scores, given),) = seen
+    masked = torch.zeros(2, 1, 5, 5, dtype=torch.bool)
+    masked[1, ..., 3:] = True  # example 1's last two keys are padding
+    assert (given_scores.masked_select(masked) == 0).all() and (given.masked_select(masked) == 0).all()
+    assert torch.equal(given.masked_select(~masked), previous.masked_select(~masked))
+    assert (attended.logits.masked_select(masked) == 0).all()
+    assert (attended.logits.masked_select(~masked) != 0).all()
+    assert (attended.weights.masked_select(masked) == 0).all()

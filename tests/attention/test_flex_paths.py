@@ -566,3 +566,75 @@ def test_a_decoding_step_builds_its_block_masks_once(as_cuda, monkeypatch):
             # the self-attention's (t + 1 cached keys) and the cross-attention's: once each
             assert built[before:] == [(2, 1, t + 1), (2, 1, 7)], f"step {t}: {built[before:]}"
             torch.testing.assert_close(out[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- what Triton is handed
+def test_triton_is_handed_the_calls_tensors_u_masks_and_dropout(as_cuda, monkeypatch):
+    seen = []
+    monkeypatch.setattr(triton_ops, "query_normalized_attend_triton",
+                        lambda *args, **kwargs: seen.append((args, kwargs)) or torch.zeros_like(args[0]))
+    q, k, v, _, kpm, qpm = padded_problem(6, 5, 16, B=2, H=2, seed=12)
+    u = torch.tensor([0.25, 0.75]).view(1, 2, 1, 1)
+    attend(q, k, v, "hnas", kpm, qpm, dropout_p=0.1, u=u)
+    attend(q, k, v, "dnas", None, qpm)
+    (hnas_args, hnas_kwargs), (dnas_args, dnas_kwargs) = seen
+    assert hnas_kwargs == {"dropout_p": 0.1} and dnas_kwargs == {"dropout_p": 0.0}
+    assert len(hnas_args) == len(dnas_args) == 6
+    for got, expected in zip(hnas_args, (q, k, v, u, kpm, qpm)):
+        assert torch.equal(got, expected)
+    assert dnas_args[3] is None and dnas_args[4] is None and torch.equal(dnas_args[5], qpm)
+
+
+def test_triton_declines_head_dims_past_its_limit_once_with_the_reason(as_cuda, caplog):
+    """Past 256 Triton declines (said once, with the reason) and FlexAttention too: the
+    reference; a head dim it takes is said nothing about."""
+    d = triton_query_normalized.MAX_HEAD_DIM + 4
+    wide = padded_problem(3, 4, d, B=1, seed=13)[:3]
+    narrow = padded_problem(3, 4, 16, B=1, seed=13)[:3]
+    triton_query_normalized.log_decline.cache_clear()  # once per process
+    flex.log_decline_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert route(*narrow, "dnas") == "triton"
+        assert route(*wide, "dnas") == "reference"
+        assert route(*wide, "dnas") == "reference"
+    declined = [r.getMessage() for r in caplog.records if r.name == triton_query_normalized.__name__]
+    assert declined == [(f"head dims d={d}, d_v={d} exceed the Triton DNAS/HNAS kernels' limit of "
+                         f"{triton_query_normalized.MAX_HEAD_DIM}: running the scheme's next path (the "
+                         f"reference on CUDA) instead")]
+    triton_query_normalized.log_decline.cache_clear()
+
+
+@pytest.fixture
+def cuda_autocast(monkeypatch):
+    """CUDA autocast on, in bf16 (its flag faked: no GPU here; the CPU's is left alone)."""
+    real = torch.is_autocast_enabled
+    before = torch.get_autocast_dtype("cuda")
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device="cuda": device == "cuda" or real(device))
+    torch.set_autocast_dtype("cuda", BF16)
+    yield
+    torch.set_autocast_dtype("cuda", before)
+
+
+def test_cuda_paths_take_the_autocast_dtype_under_cuda_autocast(as_cuda, cuda_autocast, monkeypatch):
+    """Under CUDA autocast a float32 call reaches the CUDA kernel in the autocast dtype (bf16);
+    float64 stays float64, which no CUDA kernel takes: the reference."""
+    seen = []
+    monkeypatch.setattr(triton_ops, "query_normalized_attend_triton",
+                        lambda q, k, v, *args, **kwargs: seen.append((q.dtype, k.dtype, v.dtype)) or torch.zeros_like(q))
+    q, k, v, _, kpm, qpm = padded_problem(6, 5, 16, B=2, seed=14)
+    assert paths.working_dtype(q, "cuda") == BF16 and paths.working_dtype(q, "cpu") == F32
+    attend(q, k, v, "dnas", kpm, qpm)
+    assert seen == [(BF16, BF16, BF16)]
+    wide = [t.double() for t in (q, k, v)]
+    assert paths.working_dtype(wide[0], "cuda") == torch.float64
+    assert route(*wide, "dnas", kpm, qpm) == "reference"
+
+
+def test_where_the_table_prefers_flex_flex_still_checks_the_value_width(as_cuda, choices):
+    """The table is keyed by d: a call of a measured d whose values are wider than FlexAttention
+    takes (d_v > 256: VQA's fusion) is declined by Flex (and Triton), not run: the reference."""
+    choices({"1024/16/float32": "flex"})
+    q, k, v, _, _, _ = padded_problem(3, 4, 16, d_v=flex.MAX_HEAD_DIM + 4, B=1, seed=15)
+    assert route(q, k, v, "dnas") == "reference"
+    q, k, v, _, _, _ = padded_problem(3, 4, 16, B=1, seed=15)
+    assert route(q, k, v, "dnas") == "flex"

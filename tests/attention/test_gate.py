@@ -191,10 +191,10 @@ def test_gate_in_incremental_decoding_equals_the_forward():
 
 def test_probe_runs_with_a_gate(tmp_path, data_dir):
     from helpers.cards import TINY
-    from helpers.cli import QUIET, metrics_files, run_cli
+    from helpers.cli import QUIET, metrics_files, run_here
 
-    run_cli(["task=probe", "model=dnas", "model.gate=headwise", "debug=fast", "callbacks=minimal",
-             *TINY["probe"], *QUIET], tmp_path, data_dir)
+    run_here(["task=probe", "model=dnas", "model.gate=headwise", "debug=fast", "callbacks=minimal",
+              *TINY["probe"], *QUIET], tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok" and record["scheme_params"]["gate_mean"]
 

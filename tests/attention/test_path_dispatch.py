@@ -92,3 +92,79 @@ def test_causal_ssmax_with_dropout_stays_causal_on_the_cpu():
 
     torch.testing.assert_close(run(moved)[:, :, :-1], run(v)[:, :, :-1], atol=0, rtol=0)
     assert not torch.equal(run(moved)[:, :, -1], run(v)[:, :, -1])
+
+
+def test_a_paths_conditions_are_asked_with_the_normalizer_and_only_keeps_its_own_serves():
+    """`when` (a condition on the normalizer, e.g. Sinkhorn's one round) and `only` (on the call,
+    e.g. padded) narrow a path built at test time: each predicate is asked with the normalizer of
+    the call, in order, and `only` adds its condition to the path's own `serves`, never drops it."""
+    from attnlab.attention.functional import normalizer
+    from attnlab.attention.paths import FastPath, choose
+
+    asked = []
+
+    def supports(norm, device, dtype, dropout_p, causal):
+        asked.append(("supports", norm, device, dtype, dropout_p, causal))
+        return True
+
+    def serves(norm, call):  # the path's own: fewer than 5 queries
+        asked.append(("serves", norm))
+        return call.q.shape[-2] < 5
+
+    def run(norm, call):
+        asked.append(("run", norm))
+        return call.v
+
+    def one_round(norm):
+        asked.append(("when", norm))
+        return norm.options.n_iter == 1
+
+    def padded(norm, call):
+        asked.append(("only", norm))
+        return call.padded
+
+    path = FastPath("mine", supports, run, serves).when(one_round).only(padded)
+    assert path.name == "mine" and path.run is run
+    one, _ = normalizer("sinkhorn", n_iter=1)
+    three, _ = normalizer("sinkhorn", n_iter=3)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    mask = torch.zeros(1, 4, dtype=torch.bool)
+    call = one.call(q, k, v, mask)
+    assert path.accepts(one, call)
+    assert asked == [("when", one), ("supports", one, "cpu", torch.float32, 0.0, False),
+                     ("only", one), ("serves", one)]
+    asked.clear()
+    assert torch.equal(path(one, call), v) and asked == [("run", one)]
+    asked.clear()
+    assert not path.accepts(three, three.call(q, k, v, mask))  # the normalizer's condition
+    assert asked == [("when", three)]
+    assert not path.accepts(one, one.call(q, k, v))  # the call's condition
+    long = [torch.randn(1, 2, 6, 8) for _ in range(3)]
+    assert not path.accepts(one, one.call(*long, torch.zeros(1, 6, dtype=torch.bool)))  # its own serves
+    assert choose((path,), one, one.call(*long, torch.zeros(1, 6, dtype=torch.bool))) is None
+
+
+@pytest.mark.parametrize("backend", ["fused_cpu", "composed"])
+def test_hnas_takes_u_in_another_float_dtype_than_the_queries(backend, monkeypatch):
+    """A float64 u given with float32 q, k, v reaches the CPU kernels in the working dtype: the
+    output of the same u in float32 (the composed path's lerp takes one dtype only)."""
+    if backend == "composed":  # no C++ compiler: DNAS / HNAS on ATen's flash kernel
+        monkeypatch.setattr(fused, "load", lambda: False)
+    (q, k, v), kpm, qpm, _ = _problem("hnas", torch.float32, seed=9)
+    u = torch.tensor([0.3, 0.7], dtype=torch.float64).view(1, 2, 1, 1)
+    assert route(q, k, v, "hnas", kpm, qpm, u=u) == backend
+    out = attend(q, k, v, "hnas", kpm, qpm, u=u)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, attend(q, k, v, "hnas", kpm, qpm, u=u.float()), atol=0, rtol=0)
+
+
+def test_stickbreaking_runs_by_blocks_only_past_one_block():
+    """Exactly MIN_PAIRS (query, key) pairs is one block: the reference runs it; one more key and
+    the blocked kernel does."""
+    from attnlab.attention.kernels import stickbreaking as blocked
+
+    assert blocked.MIN_PAIRS == 128 * 128
+    q = torch.randn(1, 1, 128, 4)
+    for s_k, expected in ((128, "reference"), (129, "blocked")):
+        k = v = torch.randn(1, 1, s_k, 4)
+        assert route(q, k, v, "stickbreaking", causal=True) == expected, s_k

@@ -294,3 +294,67 @@ def test_cross_attention_lengths(name, causal):
     check(out, ref, F64, "out")
     for a, b in zip(grads, ref_grads):
         check(a, b, F64, "grad")
+
+
+def test_ssmax_runs_a_unas_path_on_queries_scaled_by_c_log_n_on_the_cpu_only():
+    """`ssmax.scaled(path)` (a path built at test time): named scaled_<its name>, on the CPU only
+    and where the path supports the call; its `serves` (if it has one) and its `run` are given the
+    SSMax normalizer and q_i * c log(n_i), n_i the row's valid keys."""
+    from attnlab.attention.paths import FastPath
+
+    asked = []
+
+    def supports(norm, device, dtype, dropout_p, causal):
+        asked.append(("supports", norm, device, dtype, dropout_p, causal))
+        return dropout_p == 0.0
+
+    def serves(norm, call):
+        asked.append(("serves", norm, call.q))
+        return True
+
+    def run(norm, call):
+        asked.append(("run", norm, call.q))
+        return call.v
+
+    path = ssmax.scaled(FastPath("spy", supports, run, serves))
+    plain = ssmax.scaled(FastPath("plain", supports, run))
+    assert (path.name, plain.name, plain.serves) == ("scaled_spy", "scaled_plain", None)
+    norm = SSMax(SSMaxOptions(scale_init=0.7))
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(2, H, 4, 8, generator=g) for _ in range(3))
+    kpm = torch.tensor([[False, False, True, False], [False] * 4])
+    call = norm.call(q, k, v, kpm)
+    scaled = q * 0.7 * torch.log(torch.tensor([3.0, 4.0])).view(2, 1, 1, 1)  # 3 and 4 valid keys
+    assert path.accepts(norm, call)
+    (supported, served) = asked
+    assert supported == ("supports", norm, "cpu", F32, 0.0, False)
+    assert served[:2] == ("serves", norm) and torch.allclose(served[2], scaled, atol=1e-6, rtol=0)
+    asked.clear()
+    assert torch.equal(path(norm, call), v)
+    ((ran, ran_norm, ran_q),) = asked
+    assert (ran, ran_norm) == ("run", norm) and torch.allclose(ran_q, scaled, atol=1e-6, rtol=0)
+    assert plain.accepts(norm, call)
+    assert not path.supports(norm, "cuda", F32, 0.0, False)  # the CPU only
+    assert not path.supports(norm, "cpu", F32, 0.1, False)  # and what the path supports
+
+
+def test_ssmax_leaves_flash_where_its_scaled_scores_could_overflow_it():
+    """SSMax's scaled_sdpa asks flash's bound of the scaled queries (c log n = 0.43 log 256 ~ 2.4
+    times q): huge scores run on the fused kernel, finite with their gradients; scores under the
+    bound only unscaled too; ordinary ones stay on flash."""
+    from attnlab.attention import attend
+    from attnlab.attention.functional import route
+    from attnlab.attention.kernels import sdpa
+
+    g = torch.Generator().manual_seed(22)
+    q, k = (torch.randn(1, 2, 256, 8, generator=g) * 1e4 for _ in range(2))
+    v = torch.randn(1, 2, 256, 8, generator=g)
+    assert route(q, k, v, "ssmax") == "scaled_fused_cpu"
+    q.requires_grad_()
+    out = attend(q, k, v, "ssmax")
+    out.square().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert route(q.detach() / 1e3, k / 1e3, v, "ssmax") == "scaled_sdpa"
+    edge = (0.6 * sdpa.SAFE_SCORE_BOUND / math.sqrt(8)) ** 0.5  # max|q| max|k| sqrt(d) = 0.6 bound
+    flat = torch.full((1, 2, 256, 8), edge)
+    assert route(flat, flat, v, "unas") == "sdpa" and route(flat, flat, v, "ssmax") == "scaled_fused_cpu"

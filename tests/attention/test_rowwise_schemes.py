@@ -372,3 +372,16 @@ def test_weights_keep_the_logits_dtype_whatever_the_parameters(case, scheme, opt
     w = attention_weights(q, k, scheme, **options, **{name: PARAM.double()})
     assert w.dtype == torch.float32
     torch.testing.assert_close(w, attention_weights(q, k, scheme, **options, **{name: PARAM}))
+
+
+@pytest.mark.parametrize(("spec", "name"), [({"scheme": "sink"}, "sink"), ({"scheme": "ssmax"}, "scale"),
+                                            ({"scheme": "sigmoid", "bias": "learned"}, "bias")])
+def test_a_parameters_name_is_the_key_its_checkpoints_hold(spec, name):
+    """Saved runs hold the parameter under this name: a value saved there loads into the scheme."""
+    mha = MultiHeadAttention(16, H, spec=spec)
+    assert [n for n, _ in scheme_parameters(mha)] == [f"normalizer.{name}"]
+    state = mha.state_dict()
+    state[f"normalizer.{name}"] = torch.tensor([0.25, -0.5])
+    mha.load_state_dict(state)
+    (reported,) = mha.normalizer.reported().values()
+    assert reported.tolist() == [0.25, -0.5]

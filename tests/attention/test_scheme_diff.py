@@ -175,10 +175,10 @@ def test_spec_validation_and_refusals():
 
 def test_probe_runs_model_diff(tmp_path, data_dir):
     from helpers.cards import TINY
-    from helpers.cli import QUIET, metrics_files, run_cli
+    from helpers.cli import QUIET, metrics_files, run_here
 
-    run_cli(["task=probe", "model=diff", "debug=fast", "callbacks=minimal", *TINY["probe"], *QUIET],
-            tmp_path, data_dir)
+    run_here(["task=probe", "model=diff", "debug=fast", "callbacks=minimal", *TINY["probe"], *QUIET],
+             tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok" and record["scheme_params"]["diff_lambda"]
 
@@ -324,3 +324,40 @@ def test_version_2s_second_query_projection_follows_the_modules_bias():
         m = MultiHeadAttention(16, 2, spec={"scheme": "diff", "version": 2}, bias=bias)
         assert (m.head_scheme.q2_proj.bias is not None) == bias == (m.q_proj.bias is not None)
         assert any(n.endswith("bias") for n, _ in m.named_parameters()) == bias
+
+
+def test_only_version_2_needs_the_query_input():
+    assert MultiHeadAttention(E, H, spec={"scheme": "diff", "version": 2}).head_scheme.needs_query is True
+    assert MultiHeadAttention(E, H, spec="diff").head_scheme.needs_query is False
+
+
+def test_v2_reports_its_lambda_in_float32_from_a_bf16_model():
+    """The sigmoid of x W_lambda is taken in float32 (bf16's steps are 1/128 near 1/2), and
+    reported in float32 as every scheme's values."""
+    torch.manual_seed(1)
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "version": 2}).to(torch.bfloat16)
+    s = m.head_scheme
+    q, k, v, _ = heads(dtype=torch.bfloat16)
+    query = torch.randn(2, 5, E).to(torch.bfloat16)
+    s(m.normalizer, q, k, v, query=query)
+    (reported,) = s.reported().values()
+    lam = torch.sigmoid((query @ s.lambda_proj.weight.T).float())  # (B, S, H)
+    assert reported.dtype == torch.float32
+    torch.testing.assert_close(reported, lam.mean(dim=(0, 1)), atol=1e-6, rtol=0)
+
+
+def test_v2_rounds_its_second_query_to_the_first_ones_dtype():
+    """Under autocast the module's query heads arrive in bf16 and the query input in float32: the
+    second query (its own projection, in float32) is rounded to bf16 as the first was, so both
+    maps are computed from queries of one precision."""
+    torch.manual_seed(2)
+    m = MultiHeadAttention(E, H, spec={"scheme": "diff", "version": 2})
+    s = m.head_scheme
+    q, k, v, _ = heads(dtype=torch.bfloat16)
+    query = torch.randn(2, 5, E)
+    _, weights = s(m.normalizer, q, k, v, query=query)
+    with torch.no_grad():
+        q2 = s.q2_proj(query).view(2, 5, H, -1).transpose(1, 2).to(torch.bfloat16)
+        w1, w2 = (softmax_by_hand(x.float(), k.float(), torch.zeros(2, 5, dtype=torch.bool)) for x in (q, q2))
+        lam = torch.sigmoid(s.lambda_proj(query)).transpose(1, 2)
+    torch.testing.assert_close(weights, w1 - lam.unsqueeze(-1) * w2, atol=1e-6, rtol=0)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from helpers.cards import TINY
-from helpers.cli import QUIET, metrics_files, run_cli
+from helpers.cli import QUIET, metrics_files, run_here
 from omegaconf import OmegaConf
 
 from attnlab.attention import AttentionSpec, MultiHeadAttention
@@ -184,8 +184,8 @@ def test_lm_decoding_re_runs_the_prefix_and_equals_the_full_pass():
 
 
 def test_train_lm_with_selective(tmp_path, data_dir):
-    run_cli(["task=lm", "model=selective", "debug=fast", "callbacks=minimal", *TINY["lm"], *QUIET],
-            tmp_path, data_dir)
+    run_here(["task=lm", "model=selective", "debug=fast", "callbacks=minimal", *TINY["lm"], *QUIET],
+             tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok", record.get("error")
     assert any(k.startswith("test/") for k in record["metrics"])
@@ -210,3 +210,10 @@ def test_in_transformers_models_refused_in_an_encoder_and_run_in_a_decoder():
     out = use_scheme(gpt2, "selective")(input_ids=ids).last_hidden_state
     assert torch.isfinite(out).all() and not torch.allclose(out, plain)
     torch.testing.assert_close(out[:, :2], plain[:, :2])  # queries 0 and 1: no earlier selection
+
+
+def test_the_selection_is_built_on_the_scores_device():
+    """(meta: a device other than the CPU, here without one)"""
+    scores = torch.randn(2, H, S, S, device="meta")
+    out = TRANSFORMS["selective"]()(scores, None)
+    assert out.device.type == "meta" and out.shape == scores.shape

@@ -315,7 +315,9 @@ def entmax_by_bisection(z: Tensor, alpha: float) -> Tensor:
     return (z - (lo + hi) / 2).clamp(min=0).pow(1 / (alpha - 1))
 
 
-@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3, 3.0])
+# 1.5 and 2 have their own exact forms, every other alpha runs the bisection: alphas on both
+# sides of them (1.3, 2.5, 3) show a form picked for the wrong alpha
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3, 2.5, 3.0])
 def test_entmax_equals_its_definition_for_every_alpha(alpha):
     q, k, _, mask = inputs(seed=5)
     q = 2 * q
@@ -634,3 +636,131 @@ def test_q_and_k_of_other_shapes_are_refused_naming_both(k_shape):
     with pytest.raises(ConfigError) as err:
         attend(q, k, v, "unas")
     assert str(err.value) == f"q (2, 2, 3, 4) and k {k_shape} must share B, H and head size d"
+
+
+# ----------------------------------------------------------------------------- the kinds' shared rules
+def test_an_option_type_error_gives_the_default_as_the_yaml_writes_it():
+    """A string default as written (case kept), a bool one as YAML's true / false."""
+    from attnlab.attention.schemes.base import build_options
+
+    @dataclass(frozen=True)
+    class Mixed:
+        mode: str = "Log_N"
+        flag: bool = False
+
+    with pytest.raises(ConfigError, match=r"^model\.mode=3: test's option mode must be str, e\.g\. model\.mode=Log_N$"):
+        build_options("test", Mixed, {"mode": 3})
+    with pytest.raises(ConfigError, match=r"^model\.flag=1: test's option flag must be bool, e\.g\. model\.flag=false$"):
+        build_options("test", Mixed, {"flag": 1})
+
+
+def test_own_parameters_of_the_wrong_shape_are_refused_naming_the_scheme_and_the_parameter():
+    import re
+
+    from attnlab.attention.schemes import SchemeModule
+
+    class Owner(SchemeModule):
+        name = "test_owner"
+
+    with pytest.raises(ValueError, match=r"^Owner\.per_head needs num_heads \(a module's scheme\)$"):
+        Owner().per_head("p", 0.5)
+    owner = Owner(None, 3)
+    # either is enough: not 1-D (though one value per head), or 1-D of neither 1 nor 3 values
+    for shape in ((1, 3), (2,)):
+        with pytest.raises(ValueError, match="^" + re.escape(f"Owner: own parameter 'p' is reported as shape "
+                                                             f"{shape}, not one value per head (3)")):
+            owner.own("p", torch.zeros(shape), report="p")
+    owner.per_head("p", 0.5, report="p")
+    owner.p = torch.nn.Parameter(torch.zeros(3, 3))  # swapped for another shape after it was declared
+    with pytest.raises(ValueError, match=r"^Owner: own parameter 'p' is reported as shape \(3, 3\)"):
+        owner.reported()
+
+
+def test_own_inputs_reach_the_computation_per_head_as_1_h_1_1_and_others_as_they_are():
+    from attnlab.attention.schemes import SchemeModule
+
+    class Owner(SchemeModule):
+        name = "test_owner"
+
+    owner = Owner(None, 3)
+    owner.per_head("a", 0.5, input="a")
+    owner.per_head("l", 0.1, per="layer", input="l")
+    owner.own("m", torch.ones(2, 3), input="m")  # not a vector: handed over as it is
+    shapes = {name: tuple(t.shape) for name, t in owner.state_inputs().items()}
+    assert shapes == {"a": (1, 3, 1, 1), "l": (1, 1, 1, 1), "m": (2, 3)}
+
+
+def test_a_scheme_that_does_not_cascade_refuses_a_previous_layers_logits():
+    from attnlab.attention.schemes import HEAD_SCHEMES
+    from attnlab.attention.schemes.base import Heads
+
+    q, k, v, _ = inputs()
+    heads = Heads(q, k, v, prev_logits=torch.zeros(2, H, 6, 6))
+    unas = AttentionSpec("unas").build_normalizer()
+    with pytest.raises(ConfigError, match=r"^attention scheme 'unas' does not cascade, but it was given the "
+                                          r"logits of a previous layer$"):
+        unas.attend_heads(heads)
+    with pytest.raises(ConfigError, match=r"^attention scheme 'diff' does not cascade, but it was given the "
+                                          r"logits of a previous layer$"):
+        HEAD_SCHEMES["diff"](None, H, 8).attend_heads(unas, heads)
+
+
+def test_a_head_schemes_own_projections_have_a_bias_by_default_as_the_modules_do():
+    from attnlab.attention import HeadScheme
+    from attnlab.attention.schemes import HEAD_SCHEMES
+
+    assert HeadScheme().projection_bias is True
+    diff = HEAD_SCHEMES["diff"]
+    second = diff(diff.Options(version=2), 2, 4)
+    assert second.projection_bias is True and second.q2_proj.bias is not None
+
+
+def test_apply_weights_without_dropout_is_the_product():
+    from attnlab.attention.schemes.normalizer import apply_weights
+
+    w = torch.softmax(torch.randn(1, 2, 3, 4), -1)
+    v = torch.randn(1, 2, 4, 5)
+    torch.testing.assert_close(apply_weights(w, v), w @ v, atol=0, rtol=0)
+
+
+def test_inputs_integers_in_the_working_dtype_tensors_as_given_numbers_on_the_inputs_device():
+    hnas = AttentionSpec("hnas").build_normalizer()
+    q, k, v, _ = inputs()
+    for u, dtype in ((torch.tensor(1), torch.float32), (1, torch.float32), (0.5, torch.float32),
+                     (torch.tensor(0.25, dtype=torch.float64), torch.float64),
+                     (torch.tensor(0.5, dtype=torch.bfloat16), torch.bfloat16)):
+        assert hnas.call(q, k, v, u=u).inputs["u"].dtype == dtype, u
+    wide = [t.double() for t in (q, k, v)]
+    assert hnas.call(*wide, u=torch.tensor(1)).inputs["u"].dtype == torch.float64
+    assert hnas.call(*wide, u=0.5).inputs["u"].dtype == torch.float64
+    meta = [t.to("meta") for t in (q, k, v)]  # a device other than the CPU, without one
+    assert hnas.call(*meta, u=0.5).inputs["u"].device.type == "meta"
+
+
+def test_a_reported_quantity_is_labelled_by_its_scheme_whatever_underscores_it_holds():
+    from typing import ClassVar
+
+    from attnlab.attention.schemes import reported_label
+
+    assert reported_label("diff_lambda") == "lambda (weight of the second map)"
+    assert reported_label("hnas_u") == "u (weight of DNAS)"
+    assert reported_label("gate_mean") == "gate mean"  # not a registered scheme: "<scheme> <name>"
+    assert reported_label("gate_per_head") == "gate per_head"  # (up to its first "_")
+
+    class Short(Normalizer):
+        name = "test_two"
+        reported_labels: ClassVar[dict[str, str]] = {"words_log_t": "not this one"}
+
+    class Long(Normalizer):  # a name with "_" in it, and a reported name with "_" in it
+        name = "test_two_words"
+        reported_labels: ClassVar[dict[str, str]] = {"log_t": "log t (a temperature)"}
+
+    register(Short)
+    register(Long)
+    try:
+        assert reported_label("test_two_words_log_t") == "log t (a temperature)"
+        assert reported_label("test_two_words_other_name") == "test_two_words other_name"
+        assert reported_label("test_two_other") == "test_two other"
+    finally:
+        unregister("test_two")
+        unregister("test_two_words")

@@ -103,3 +103,17 @@ def test_fp32_without_tf32_says_once_how_to_get_tensor_cores(as_cuda, tf32, monk
         half = [x.bfloat16() for x in (q, k, v)]
         dnas.TRITON(norm, norm.call(*half, kpm, qpm, **inputs))
     assert said(caplog) == []
+
+
+def test_causal_stickbreaking_with_dropout_says_that_the_blocked_kernel_serves_without_it(caplog):
+    """Causal (stick-breaking is causal only) and on the CPU: by blocks without dropout, on the
+    reference with it."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 130, 8) for _ in range(3))
+    with caplog.at_level(logging.WARNING, logger=notices.__name__):
+        out = attend(q, k, v, "stickbreaking", causal=True, dropout_p=0.1)
+    assert torch.isfinite(out).all()
+    assert said(caplog) == [(
+        "stickbreaking with attention dropout on cpu: no fast path drops its weights, so the "
+        "materialized reference runs (S_q x S_k memory): set the attention dropout to 0 (the task's "
+        "attention_dropout / attn_dropout) for the blocked path")]

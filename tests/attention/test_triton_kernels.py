@@ -132,10 +132,15 @@ def test_offsets_past_2_31_elements_are_computed_in_int64(backward):
     of one fp16 buffer of 2**32 elements (8 GiB of address space; only the pages written are
     ever backed by memory); the elements that a wrapped offset would read hold NaN."""
     M, N, d, step, start = 16, 12, 8, 2**30, 2**31
+    # deterministic mode would fill the whole buffer (8 GiB written, ~10 s): reserve it unfilled
+    fill, torch.utils.deterministic.fill_uninitialized_memory = \
+        torch.utils.deterministic.fill_uninitialized_memory, False
     try:
         big = torch.empty(start + 2 * step + (M + 2 * N) * d, dtype=torch.float16)
     except RuntimeError as error:  # an address space this large refused
         pytest.skip(f"cannot reserve 8 GiB of address space: {error}")
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
     big[: (M + 2 * N) * d] = float("nan")
 
     def heads(offset, rows):

@@ -1,4 +1,7 @@
-"""The real CLI end to end (train.py / eval.py as subprocesses, real Hydra, Lightning and W&B)."""
+"""The real CLI end to end: real Hydra, Lightning and W&B. A sweep and the signals in real processes
+(exit codes, the signal handlers); the runs after them (eval.py, the resumes), the sweeps of every
+scheme and the gates with the CLI entry in this process (helpers.cli.run_here: what the runs write,
+not how a process ends), without ~10 s of imports per run."""
 
 import json
 import os
@@ -10,8 +13,10 @@ import time
 import pytest
 import torch
 from helpers.cards import CARDS, TINY
-from helpers.cli import QUIET, cli_env, metrics_files, run_cli
+from helpers.cli import QUIET, cli_env, metrics_files, run_cli, run_here
 from helpers.paths import ROOT
+
+from attnlab.study.report import main as report_main
 
 TASKS = [t for t, overrides in TINY.items() if overrides]
 
@@ -34,8 +39,8 @@ def test_fast_dev_run_every_registered_scheme(task, tmp_path, data_dir):
     test; the ones it refuses fail at once with the clear message (recorded, sweep goes on)."""
     accepted, refused = accepted_schemes(task)
     models = accepted + refused
-    run_cli(["-m", f"task={task}", f"model={','.join(models)}", "debug=fast", "callbacks=minimal",
-             *TINY[task], *QUIET], tmp_path, data_dir)
+    run_here(["-m", f"task={task}", f"model={','.join(models)}", "debug=fast", "callbacks=minimal",
+              *TINY[task], *QUIET], tmp_path, data_dir)
     records = metrics_files(tmp_path / "outputs" / "multirun")
     assert sorted(r["model"] for r in records) == sorted(models)
     for r in records:
@@ -50,20 +55,22 @@ def test_fast_dev_run_every_registered_scheme(task, tmp_path, data_dir):
             assert r["scheme_params"]["hnas_u"], "an HNAS model must report its u"
 
 
-def test_multirun_report_and_eval(tmp_path, data_dir):
+def test_multirun_report_and_eval(tmp_path, data_dir, capsys):
     proc = run_cli(["-m", "task=vqa", "model=unas,hnas", *TINY["vqa"], *QUIET], tmp_path, data_dir)
     sweeps = list((tmp_path / "outputs" / "multirun").iterdir())
     assert len(sweeps) == 1
     jobs = metrics_files(sweeps[0])
     assert len(jobs) == 2 and all(j["status"] == "ok" for j in jobs)
-    # each job has its own dir, config and checkpoints
+    # each job has its own dir, config and checkpoints, data only (weights_only loads them)
     for job in jobs:
         assert (job["_dir"] / "config.yaml").is_file()
         assert (job["_dir"] / "checkpoints" / "last.ckpt").is_file()
+        for ckpt in (job["_dir"] / "checkpoints").glob("*.ckpt"):
+            assert torch.load(ckpt, weights_only=True)["state_dict"]
     assert "hnas_u.png" in os.listdir(next(j["_dir"] for j in jobs if j["model"] == "hnas"))
 
-    report = subprocess.run([sys.executable, "-m", "attnlab.report", str(sweeps[0])], capture_output=True,
-                            text=True, env=cli_env(tmp_path, data_dir), check=True).stdout
+    assert report_main([str(sweeps[0])]) == 0  # `python -m attnlab.report` (in this process)
+    report = capsys.readouterr().out
     rows = [line for line in report.splitlines() if line.startswith("| ") and "model=" in line]
     assert len(rows) == 2 and any("model=unas" in r for r in rows) and any("model=hnas" in r for r in rows)
     assert (sweeps[0] / "report.csv").is_file()
@@ -71,7 +78,7 @@ def test_multirun_report_and_eval(tmp_path, data_dir):
     # eval.py on the best checkpoint reproduces the run's test accuracy
     job = jobs[0]
     best = next((job["_dir"] / "checkpoints").glob("best-*.ckpt"))
-    run_cli([f"ckpt_path={best}", *QUIET[:1]], tmp_path, data_dir, script="eval.py")
+    run_here([f"ckpt_path={best}", *QUIET[:1]], tmp_path, data_dir, script="eval.py")
     evals = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
     assert len(evals) == 1
     assert abs(evals[0]["metrics"]["test/acc"] - job["metrics"]["test/acc"]) < 1e-6
@@ -87,8 +94,8 @@ def final_metrics(tmp_path):
 def test_every_task_takes_an_output_gate(task, tmp_path, data_dir):
     """model.gate on a scheme every task takes (the sink: over keys, causal tasks too): it runs
     in each task's attention and reports its gates per layer and head."""
-    run_cli([f"task={task}", "model=sink", "model.gate=headwise", "debug=fast", "callbacks=minimal",
-             *TINY[task], *QUIET], tmp_path, data_dir)
+    run_here([f"task={task}", "model=sink", "model.gate=headwise", "debug=fast", "callbacks=minimal",
+              *TINY[task], *QUIET], tmp_path, data_dir)
     (record,) = metrics_files(tmp_path / "outputs")
     assert record["status"] == "ok", record.get("error")
     params = record["scheme_params"]
@@ -111,17 +118,18 @@ def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path, data_dir, signum, co
         time.sleep(0.5)
         ckpts = list((tmp_path / "outputs").rglob("last.ckpt"))
     assert ckpts, "no epoch finished in time"
-    first_step = torch.load(ckpts[0], weights_only=False)["global_step"]
+    first_step = torch.load(ckpts[0], weights_only=True)["global_step"]
     time.sleep(2.0)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, out[-3000:]
     assert "interrupted: checkpoint written" in out
-    state = torch.load(ckpts[0], weights_only=False)
+    state = torch.load(ckpts[0], weights_only=True)
     assert state["global_step"] > first_step  # the checkpoint is from the moment of the signal
     epoch = state["epoch"]
-    run_cli(["task=vqa", "model=unas", *TINY["vqa"], *QUIET, f"trainer.max_epochs={epoch + 2}",
-             f"ckpt_path={ckpts[0]}"], tmp_path, data_dir)
+    # the resume: what it writes, not how its process ends (in this process)
+    run_here(["task=vqa", "model=unas", *TINY["vqa"], *QUIET, f"trainer.max_epochs={epoch + 2}",
+              f"ckpt_path={ckpts[0]}"], tmp_path, data_dir)
 
 
 
@@ -161,7 +169,7 @@ def test_fsdp_cpu_trains_checkpoints_and_resumes(tmp_path, data_dir):
     trained = losses(straight / "outputs")
     assert len(trained) == 4 and all(math.isfinite(x) for x in trained.values())  # 2 steps x 2 epochs
     assert len(set(trained.values())) == 4
-    state = torch.load(next((straight / "outputs").rglob("last.ckpt")), weights_only=False)
+    state = torch.load(next((straight / "outputs").rglob("last.ckpt")), weights_only=True)
     weights = state["state_dict"]
     assert state["global_step"] == 4 and not any("_fsdp" in k for k in weights)
     assert weights["net.layers.0.linear1.weight"].shape == (32, 24)  # whole, not a rank's flat shard
@@ -174,10 +182,10 @@ def test_fsdp_cpu_trains_checkpoints_and_resumes(tmp_path, data_dir):
 
     run_cli([*args, "trainer.max_epochs=1"], first, data_dir)
     ckpt = next((first / "outputs").rglob("last.ckpt"))
-    assert torch.load(ckpt, weights_only=False)["global_step"] == 2
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 2
     run_cli([*args, "trainer.max_epochs=2", f"ckpt_path={ckpt}"], first, data_dir)  # in its own dir
     [again] = metrics_files(first / "outputs")
-    assert again["status"] == "ok" and torch.load(ckpt, weights_only=False)["global_step"] == 4
+    assert again["status"] == "ok" and torch.load(ckpt, weights_only=True)["global_step"] == 4
     resumed = losses(first / "outputs")  # the resumed run's steps (2, 3), maybe the first run's too
     assert {2, 3} <= set(resumed) and resumed[2] == trained[2]  # the first step after the resume
 

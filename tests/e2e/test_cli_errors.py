@@ -6,10 +6,14 @@ runner as the shell would run them, without paying the imports of a new process 
 real subprocess runs prove the same end to end.
 """
 
+import errno
+import os
+
 import pytest
+import torch
 from helpers.cards import TINY
 from helpers.cli import QUIET, run_app, run_cli
-from helpers.error_cases import CASES, ERRORS_DOC, doc_row, make_files, run_case, shown
+from helpers.error_cases import CASES, ERRORS_DOC, Payload, doc_row, make_files, run_case, shown
 from helpers.paths import ROOT
 
 
@@ -28,6 +32,8 @@ def env(bad_files, data_dir):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.what for c in CASES])
 def test_bad_input_is_one_clear_line(case, bad_files, env):
+    if case.cpu_only and torch.cuda.is_available():
+        pytest.skip("a machine with a CUDA GPU takes it")
     result = run_case(case, bad_files, env, run_app, QUIET, TINY)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.code == 2, (result.code, result.stderr[-3000:])
@@ -36,6 +42,52 @@ def test_bad_input_is_one_clear_line(case, bad_files, env):
     assert "Traceback" not in result.stderr
     # docs/errors.md shows exactly this line (PYTHONPATH=tests python -m helpers.error_cases)
     assert doc_row(case, shown(errors[0], bad_files)) in ERRORS_DOC.read_text(), errors[0]
+
+
+def test_a_crafted_checkpoint_or_run_config_runs_nothing(bad_files, env):
+    """A pickle payload given to train.py or eval.py, and a clean checkpoint whose run config
+    would load it (`_target_: torch.load`, weights_only: false): one line each, and the payload's
+    command never ran."""
+    for case in CASES:
+        if "payload" in str(case.args) or "foreign_run" in str(case.args):
+            assert run_case(case, bad_files, env, run_app, QUIET, TINY).code == 2, case.what
+    assert not (bad_files / "ran_code").exists()
+    import pickle
+
+    pickle.loads(pickle.dumps(Payload(bad_files / "unpickled")))  # the payload is real: it runs
+    assert (bad_files / "unpickled").exists()
+
+
+class DiskAnswering:
+    """`os` as attnlab.files sees it on a full (ENOSPC) or read-only (EROFS) disk: every fsync of
+    a file it writes fails, with no file name (as the write's own error has none)."""
+
+    def __init__(self, error: int) -> None:
+        self.error = error
+
+    def fsync(self, fd) -> None:
+        raise OSError(self.error, os.strerror(self.error))
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+@pytest.mark.parametrize(("error", "fix"), [
+    (errno.ENOSPC, ("No space left on device; free space there, or write the run elsewhere: "
+                    "paths.output_dir=<a folder with room> (every run: paths.log_dir=<a folder with room>)")),
+    (errno.EROFS, ("Read-only file system; write the run elsewhere: paths.output_dir=<a writable "
+                   "folder> (every run: paths.log_dir=<a writable folder>)")),
+], ids=["full", "read-only"])
+def test_a_full_or_read_only_disk_is_one_line(error, fix, env, monkeypatch, tmp_path):
+    """A checkpoint that cannot be written: one line naming the file and the fix, exit 2."""
+    from attnlab import files
+
+    monkeypatch.setattr(files, "os", DiskAnswering(error))
+    result = run_app(["task=probe", *TINY["probe"], *QUIET, f"paths.output_dir={tmp_path}"], env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.code == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'checkpoints'}/") and errors[0].endswith(fix)
+    assert "Traceback" not in result.stderr
 
 
 def test_enough_cases():

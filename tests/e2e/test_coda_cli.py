@@ -1,17 +1,18 @@
-"""model=coda and model=repulsive through the real CLI in every task (fast_dev_run, tiny data)."""
+"""model=coda and model=repulsive through the real CLI in every task (fast_dev_run, tiny data; the
+CLI entry in this process: helpers.cli.run_here)."""
 
 import json
 
 import pytest
 import torch
 from helpers.cards import CARDS, MULTI_HEAD, TINY
-from helpers.cli import QUIET, metrics_files, run_cli
+from helpers.cli import QUIET, metrics_files, run_here
 
 
 @pytest.mark.parametrize("task", list(TINY))
 def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
-    proc = run_cli(["-m", f"task={task}", "model=coda,repulsive", "debug=fast", *TINY[task], *MULTI_HEAD[task],
-                    *QUIET], tmp_path, data_dir)
+    proc = run_here(["-m", f"task={task}", "model=coda,repulsive", "debug=fast", *TINY[task], *MULTI_HEAD[task],
+                     *QUIET], tmp_path, data_dir)
     records = {r["model"]: r for r in metrics_files(tmp_path / "outputs" / "multirun")}
     assert sorted(records) == ["coda", "repulsive"]
     for r in records.values():
@@ -36,11 +37,11 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
 def test_eval_reloads_a_coda_checkpoint(tmp_path, data_dir):
     """eval.py (the module from the run's config, then the weights) rebuilds the cascade (head MLPs
     from layer 2 on) and reproduces the run's test metric."""
-    run_cli(["task=mlm", "model=coda", *TINY["mlm"], *QUIET, "~callbacks.head_importance"], tmp_path, data_dir)
+    run_here(["task=mlm", "model=coda", *TINY["mlm"], *QUIET, "~callbacks.head_importance"], tmp_path, data_dir)
     [run] = metrics_files(tmp_path / "outputs")
     best = next((run["_dir"] / "checkpoints").glob("best-*.ckpt"))
-    state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
     assert any(".transform.mixer." in k for k in state) and not any("layers.0.self_attn.transform.mixer" in k for k in state)
-    run_cli([f"ckpt_path={best}", QUIET[0]], tmp_path, data_dir, script="eval.py")
+    run_here([f"ckpt_path={best}", QUIET[0]], tmp_path, data_dir, script="eval.py")
     [evaluated] = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
     assert evaluated["metrics"]["test/acc"] == pytest.approx(run["metrics"]["test/acc"], abs=1e-6)

@@ -9,6 +9,7 @@ heading. The matrix itself is written by `make docs` (`python -m attnlab.docs`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -16,7 +17,21 @@ from pathlib import Path
 import pytest
 from helpers.paths import CONF, ROOT
 
-from attnlab.docs import MATRIX_BEGIN, MATRIX_END, between, cell, matrix, render
+from attnlab.docs import (
+    ATTENTION_DOC,
+    MATRIX_BEGIN,
+    MATRIX_END,
+    RESULTS_DOC,
+    TEST_RUN_BEGIN,
+    TEST_RUN_END,
+    TEST_RUN_RECORD,
+    between,
+    cell,
+    duration,
+    matrix,
+    render,
+    suite_figures,
+)
 
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -33,17 +48,56 @@ def test_readme_matrix_is_generated_from_the_code():
         "run `make docs` (python -m attnlab.docs), which rewrites it between its markers")
 
 
+def doc_copies(tmp_path: Path) -> list[str]:
+    """`attnlab.docs` arguments naming copies of every page it writes, and no measured run: a
+    test's `make docs` leaves the checkout's own files alone."""
+    for name, page in (("attention.md", ATTENTION_DOC), ("results.md", RESULTS_DOC),
+                       ("test_run.json", TEST_RUN_RECORD)):
+        (tmp_path / name).write_text(page.read_text())
+    return ["--attention-doc", str(tmp_path / "attention.md"), "--results-doc", str(tmp_path / "results.md"),
+            "--test-run", str(tmp_path / "test_run.json"), "--measured", str(tmp_path / "none.json")]
+
+
 def test_make_docs_rewrites_only_the_matrix(tmp_path):
     from attnlab.docs import main
 
     stale = README.read_text().replace(MATRIX_END, "| `old` | row |\n" + MATRIX_END)
     readme = tmp_path / "README.md"
     readme.write_text(stale)
-    assert main(["--readme", str(readme), "--check"]) == 1 and readme.read_text() == stale
-    assert main(["--readme", str(readme)]) == 0
+    others = doc_copies(tmp_path)
+    assert main(["--readme", str(readme), "--check", *others]) == 1 and readme.read_text() == stale
+    assert main(["--readme", str(readme), *others]) == 0
     assert readme.read_text() == render(README.read_text(), CONF)
     assert between(readme.read_text(), MATRIX_BEGIN, MATRIX_END) == matrix(CONF)
-    assert main(["--readme", str(readme), "--check"]) == 0
+    assert main(["--readme", str(readme), "--check", *others]) == 0
+
+
+# ----------------------------------------------------------------------------- the test figures
+@pytest.mark.parametrize("page", [README, RESULTS_DOC], ids=lambda p: p.name)
+def test_the_test_figures_are_the_last_measured_run(page):
+    """The suite's count and time in the README and docs/results.md are docs/test_run.json's,
+    the last whole `make test` (tests/helpers/measured_run.py fails a run whose count differs)."""
+    record = json.loads(TEST_RUN_RECORD.read_text())
+    figures = between(page.read_text(), TEST_RUN_BEGIN, TEST_RUN_END)
+    assert figures == suite_figures(), f"{page.name}'s test figures are stale; run `make docs`"
+    assert f"{record['tests']:,} tests" in figures and duration(record["seconds"]) in figures
+
+
+def test_make_docs_copies_the_measured_run_and_writes_its_figures(tmp_path):
+    from attnlab.docs import main
+
+    others = doc_copies(tmp_path)
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"tests": 1234, "passed": 1200, "skipped": 34, "seconds": 299.6,
+                                    "cores": 2, "cpu": "a CPU", "load_at_start": 0.1,
+                                    "python": "3.11.7", "date": "2026-11-29"}))
+    readme = tmp_path / "README.md"
+    readme.write_text(README.read_text())
+    assert main(["--readme", str(readme), *others, "--measured", str(measured)]) == 0
+    assert (tmp_path / "test_run.json").read_text() == measured.read_text()
+    for page in (readme, tmp_path / "results.md"):
+        assert "**5 min 00 s** for 1,234 tests (1,200 passed, 34 skipped) on 2 cores" in page.read_text()
+    assert main(["--readme", str(readme), *others, "--check"]) == 0
 
 
 def test_matrix_follows_the_rule_the_docs_state():

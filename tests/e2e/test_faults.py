@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.cards import TINY
-from helpers.cli import QUIET, cli_env, metrics_files, run_cli
+from helpers.cli import QUIET, metrics_files, run_cli, run_here
 from helpers.paths import FIXTURES, ROOT
 
 from attnlab import checkpoints, report
@@ -51,7 +51,7 @@ def test_kill_9_then_resume_reaches_the_same_metrics(kill, mid_epoch, uninterrup
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not list((tmp_path / "outputs").rglob("metrics.json"))
     (last,) = (tmp_path / "outputs").rglob("last.ckpt")
-    state = torch.load(last, weights_only=False)
+    state = torch.load(last, weights_only=True)
     position = state["callbacks"]["RngState"].get("position")
     if mid_epoch:  # saved at step 2 of epoch 0 (6 batches of 32): step 3 is lost and redone
         assert state["global_step"] == 2 and state["epoch"] == 0 and position == [0, 64]
@@ -63,11 +63,14 @@ def test_kill_9_then_resume_reaches_the_same_metrics(kill, mid_epoch, uninterrup
     assert "Restoring states from the checkpoint" in resumed.stdout + resumed.stderr
     assert "not resumable" not in resumed.stderr  # the sampler resumes mid-epoch (Lightning would restart it)
     record = finished(tmp_path / "outputs")
+    # the resume ran in the killed run's folder (its configs in .hydra/resume-<time>): no other
+    (run,) = [p for p in (tmp_path / "outputs").glob("*/*/*") if p.is_dir()]
+    assert record["_dir"] == run and list(run.glob(".hydra/resume-*/overrides.yaml"))
     # training went on from the checkpoint: the resumed run wrote its last checkpoint at the
     # uninterrupted run's final step, and every metric (and u) is bit-for-bit the same (CPU)
     (final,) = [p for p in (tmp_path / "outputs").rglob("last.ckpt")]
     (reference,) = list(uninterrupted["_dir"].rglob("last.ckpt"))
-    ends = [torch.load(p, weights_only=False) for p in (final, reference)]
+    ends = [torch.load(p, weights_only=True) for p in (final, reference)]
     assert ends[0]["global_step"] == ends[1]["global_step"] > state["global_step"]
     # the resumed process started at the checkpoint's step and ran only the steps after it
     ran = json.loads(steps_file.read_text())
@@ -127,11 +130,11 @@ def test_a_failing_logger_warns_once_and_the_run_goes_on(tmp_path, data_dir):
     assert str(not_a_dir) not in record.get("wandb_dir", "")  # W&B went to the system temp dir
 
 
-def test_a_failed_sweep_job_does_not_stop_the_others(tmp_path, data_dir):
+def test_a_failed_sweep_job_does_not_stop_the_others(tmp_path, data_dir, capsys):
     """The second job fails its validation (lr=-1), the others run; a job whose process died
     (metrics.json still says running, its pid is gone) is reported as killed."""
-    proc = run_cli(["-m", "task=vqa", "task.module.optimizer.lr=-1,0.003", *TINY["vqa"], *QUIET, "debug=fast"],
-                   tmp_path, data_dir)
+    proc = run_here(["-m", "task=vqa", "task.module.optimizer.lr=-1,0.003", *TINY["vqa"], *QUIET, "debug=fast"],
+                    tmp_path, data_dir)
     (sweep,) = (tmp_path / "outputs" / "multirun").iterdir()
     jobs = {tuple(r["overrides"]): r for r in metrics_files(sweep)}
     assert sorted(r["status"] for r in jobs.values()) == ["failed", "ok"], proc.stdout[-2000:]
@@ -144,8 +147,8 @@ def test_a_failed_sweep_job_does_not_stop_the_others(tmp_path, data_dir):
     (ghost / "metrics.json").write_text(json.dumps({
         "status": "running", "pid": dead.pid, "host": socket.gethostname(), "task": "vqa", "model": "unas",
         "seed": 42, "overrides": ["task.module.optimizer.lr=0.001"], "metrics": {}}))
-    out = subprocess.run([sys.executable, "-m", "attnlab.report", str(sweep)], capture_output=True, text=True,
-                         env=cli_env(tmp_path, data_dir), check=True).stdout
+    assert report.main([str(sweep)]) == 0  # `python -m attnlab.report` (in this process)
+    out = capsys.readouterr().out
     assert f"failed: {failed['_dir']}" in out and f"killed: {ghost}" in out
 
 

@@ -1,4 +1,5 @@
-"""Checkpoints written before the task cards (commit a62c79e) still evaluate, with the same numbers.
+"""Checkpoints written before the task cards (commit a62c79e) still evaluate, with the same numbers
+(with `trust_checkpoint=true`: they hold pickled objects).
 
 Each `tests/fixtures/checkpoints/<task>/` is a tiny run of that code in its real format: the run's
 `config.yaml` (paths replaced by @FIXTURES@, @DATA@, @RUN_DIR@, ...) and `checkpoints/last.ckpt`
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cards import TINY
-from helpers.cli import run_cli
+from helpers.cli import run_here
 from helpers.paths import FIXTURES, ROOT
 
 CHECKPOINTS = FIXTURES / "checkpoints"
@@ -35,7 +36,9 @@ def unpack(task: str, tmp_path: Path, data_dir: Path) -> Path:
 
 def evaluate(task: str, tmp_path: Path, data_dir: Path) -> dict[str, float]:
     ckpt = unpack(task, tmp_path, data_dir)
-    run_cli([f"ckpt_path={ckpt}", "logger=csv"], tmp_path, data_dir, script="eval.py")
+    # the opt-in: these checkpoints hold pickled objects (refused without it: test_checkpoints.py)
+    run_here([f"ckpt_path={ckpt}", "logger=csv", "trust_checkpoint=true"], tmp_path, data_dir,
+             script="eval.py")
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("eval_metrics.json")]
     return record["metrics"]
 

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 from helpers.cards import CARDS, MULTI_HEAD, TINY
-from helpers.cli import cli_env, metrics_files, run_cli
+from helpers.cli import cli_env, metrics_files, run_cli_batch
 from helpers.paths import ROOT
 from helpers.wandb_server import ENTITY, FakeWandb
 from omegaconf import OmegaConf
@@ -55,8 +55,10 @@ def fragments(job_dir):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, data_dir):
-    """A sweep of two vqa jobs, preempted (SIGTERM) during the second, which is then resumed.
+def runs(tmp_path_factory, data_dir):
+    """A sweep of two vqa jobs, preempted (SIGTERM) during the second, which is then resumed; and
+    a tiny HNAS (lm: CODA) run of every other task. The resume and those runs share one process
+    (helpers.cli.run_cli_batch): the imports are paid once.
 
     (SIGTERM, as schedulers do: the run saves last.ckpt and closes its W&B fragment. After a
     SIGKILL the fragment lacks W&B's last <= 15 s, which it flushes to disk every 15 s.)"""
@@ -70,23 +72,27 @@ def sweep(tmp_path_factory, data_dir):
     assert ckpts, "the sweep's second job wrote no checkpoint"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=300) == 143, "the sweep was not preempted during the second job's training"
-    assert torch.load(ckpts[0], weights_only=False)["epoch"] < 2
-    run_cli([*VQA, "seed=2", f"ckpt_path={ckpts[0]}"], tmp, data_dir)
+    assert torch.load(ckpts[0], weights_only=True)["epoch"] < 2
+    others = {task: tmp_path_factory.mktemp(task) for task in TINY if task != "vqa"}
+    run_cli_batch([([*VQA, "seed=2", f"ckpt_path={ckpts[0]}"], tmp)] + [
+        ([f"task={task}", *TINY[task], f"model={model_of(task)}", *MULTI_HEAD[task], *COMMON], others[task])
+        for task in others], data_dir)
     (sweep_dir,) = (tmp / "outputs" / "multirun").iterdir()
-    return sweep_dir
+    task_runs = {"vqa": next(sweep_dir.glob("1_*"))}  # vqa: the resumed sweep job
+    task_runs.update({task: metrics_files(out / "outputs")[0]["_dir"] for task, out in others.items()})
+    return sweep_dir, task_runs
 
 
 @pytest.fixture(scope="module")
-def task_runs(tmp_path_factory, data_dir, sweep):
+def sweep(runs):
+    """The preempted and resumed sweep's dir."""
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def task_runs(runs):
     """{task: run dir} of a tiny HNAS (lm: CODA) run of every task (vqa: the resumed sweep job)."""
-    runs = {"vqa": next(sweep.glob("1_*"))}
-    for task in TINY:
-        if task != "vqa":
-            tmp = tmp_path_factory.mktemp(task)
-            run_cli([f"task={task}", *TINY[task], f"model={model_of(task)}", *MULTI_HEAD[task],
-                     *COMMON], tmp, data_dir)
-            runs[task] = metrics_files(tmp / "outputs")[0]["_dir"]
-    return runs
+    return runs[1]
 
 
 def test_kill_and_resume_keep_one_wandb_run(sweep):
@@ -137,9 +143,9 @@ def test_u_is_logged_at_every_step(task_runs):
     assert leet_inspect(first, "--json").count('"hnas/u/layer0"') >= 3
 
 
-def test_sync_dry_run_lists_every_run_once(sweep, tmp_path, data_dir):
-    out = subprocess.run([sys.executable, "-m", "attnlab.sync", str(sweep), "--dry-run"], cwd=tmp_path,
-                         capture_output=True, text=True, env=cli_env(tmp_path, data_dir), check=True).stdout
+def test_sync_dry_run_lists_every_run_once(sweep, capsys):
+    assert sync.main([str(sweep), "--dry-run"]) == 0  # `python -m attnlab.sync` (in this process)
+    out = capsys.readouterr().out
     ids = [json.loads((j / wandb_runs.RUN_FILE).read_text())["id"] for j in sorted(sweep.glob("*_vqa_*"))]
     assert [out.count(i) for i in ids] == [1, 1]
     assert "2 run(s), 3 fragment(s) to upload (dry run)" in out

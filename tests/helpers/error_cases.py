@@ -14,6 +14,7 @@ line.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
@@ -35,6 +36,7 @@ class Case:
     args: tuple[str, ...]
     names: str  # the error line must contain it ({tmp} substituted)
     script: str = "train.py"
+    cpu_only: bool = False  # an error only where there is no CUDA GPU
 
 
 CASES: list[Case] = [
@@ -80,6 +82,9 @@ CASES: list[Case] = [
     Case("a beam of 0 (headline, mt)", ("task=headline", "task.module.beam_size=0"), "task.module.beam_size=0"),
     Case("an unknown monitor mode", ("task.monitor_mode=maximum",), "task.monitor_mode=maximum"),
     Case("a word for the seed", ("seed=abc",), "seed=abc"),
+    Case("a negative seed", ("seed=-1",), "seed=-1"),
+    Case("a seed beyond 32 bits", ("seed=99999999999",), "seed=99999999999"),
+    Case("a word for trust_checkpoint", ("trust_checkpoint=maybe",), "trust_checkpoint=maybe"),
     Case("an unknown compile setting", ("compile=banana",), "compile=banana"),
     Case("an unknown data source (raised inside instantiation)", ("task.source=bogus",), "task.source"),
     Case("a generator option out of range (raised inside instantiation)",
@@ -97,6 +102,8 @@ CASES: list[Case] = [
     Case("a checkpoint of another model, moved out of its run dir", ("ckpt_path={tmp}/stray.ckpt",),
          "{tmp}/stray.ckpt"),
     Case("ckpt_path=last with nothing to resume", ("ckpt_path=last", "model=dnas"), "no last.ckpt"),
+    Case("a checkpoint that would run code when loaded (a pickle payload)", ("ckpt_path={tmp}/payload.ckpt",),
+         "trust_checkpoint=true"),
     Case("a directory as text file", ("task=mlm", "task.data.files=[{tmp}/adir]"), "{tmp}/adir"),
     Case("a text file that does not exist", ("task=mlm", "task.data.files=[{tmp}/missing.txt]"),
          "{tmp}/missing.txt"),
@@ -112,6 +119,15 @@ CASES: list[Case] = [
          script="eval.py"),
     Case("eval.py on an unknown split", ("ckpt_path={tmp}/corrupt.ckpt", "split=train"), "split=train",
          script="eval.py"),
+    Case("eval.py with a checkpoint that would run code when loaded", ("ckpt_path={tmp}/payload.ckpt",),
+         "trust_checkpoint=true", script="eval.py"),
+    Case("eval.py with a foreign _target_ in the run's config.yaml",
+         ("ckpt_path={tmp}/foreign_run/checkpoints/last.ckpt",), "task.module._target_=torch.load",
+         script="eval.py"),
+    # --- the machine
+    Case("hardware=gpu without a CUDA GPU", ("hardware=gpu",), "hardware=gpu", cpu_only=True),
+    Case("hardware=ddp without a CUDA GPU", ("hardware=ddp",), "hardware=ddp", cpu_only=True),
+    Case("hardware=fsdp without a CUDA GPU", ("hardware=fsdp",), "hardware=fsdp", cpu_only=True),
 ]
 
 # Faults survived: what goes wrong, what happens, and the test that shows it.
@@ -142,10 +158,26 @@ FAULTS: list[tuple[str, str, str]] = [
     ("SIGTERM / Ctrl-C (preemption)",
      "`checkpoints/last.ckpt` is written, exit code 143 (SIGTERM) or 130 (Ctrl-C); `ckpt_path=last` resumes",
      "test_cli.py::test_sigterm_writes_a_checkpoint_that_resumes"),
+    ("the disk is full or read-only when a checkpoint is written",
+     ("one line `error: <the file>: No space left on device; free space there, or write the run "
+      "elsewhere: paths.output_dir=<a folder with room> (every run: paths.log_dir=...)` (read-only: "
+      "`...; write the run elsewhere: ...`), exit 2; the previous checkpoint stays whole"),
+     "test_cli_errors.py::test_a_full_or_read_only_disk_is_one_line"),
     ("a truncated data cache (the VQA `.npz`, Debian `records.jsonl`; the MLM token cache alike)",
      "`rebuilding the cache because ...`, then the run goes on",
      "test_faults.py::test_truncated_caches_are_rebuilt"),
 ]
+
+
+class Payload:
+    """What a crafted checkpoint holds: unpickling it runs a shell command, here one that leaves a
+    file (`ran_code`) that the tests look for."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 def make_files(tmp: Path) -> None:
@@ -162,6 +194,14 @@ def make_files(tmp: Path) -> None:
     (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     torch.save(state, run / "checkpoints" / "last.ckpt")
     (run / "config.yaml").write_text("task:\n  name: mlm\nmodel:\n  name: hnas\n")
+    torch.save({**state, "hyper_parameters": Payload(tmp / "ran_code")}, tmp / "payload.ckpt")
+    # a clean checkpoint whose run config would load the payload with weights_only=False
+    foreign = tmp / "foreign_run"
+    (foreign / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save(state, foreign / "checkpoints" / "last.ckpt")
+    (foreign / "config.yaml").write_text(
+        f"task:\n  name: mlm\n  module:\n    _target_: torch.load\n    f: {tmp / 'payload.ckpt'}\n"
+        f"    weights_only: false\nmodel:\n  name: unas\n")
 
 
 def arguments(case: Case, tmp: Path, quiet: list[str], tiny: dict[str, list[str]]) -> list[str]:

@@ -469,3 +469,9 @@ def test_family_contrasts_use_the_direction_and_level_given():
 def test_family_margin_must_be_positive_and_is_named():
     with pytest.raises(ValueError, match="margin must be > 0 for contrast 'b'"):
         contrast_family({"a": (SCHEME, BASELINE, 0.01), "b": (SCHEME, BASELINE, 0.0)})
+
+
+def test_holm_caps_a_product_between_one_and_two_at_one():
+    """0.6 x 2 = 1.2 is capped at 1 itself (not only raised to a later capped value)."""
+    assert holm([0.6, 0.7]) == [1.0, 1.0]
+    assert holm([0.01, 0.6]) == pytest.approx([0.02, 0.6])

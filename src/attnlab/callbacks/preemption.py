@@ -1,7 +1,8 @@
 """Run safety: checkpoints on SIGTERM and within epochs, and resumes that continue bit-for-bit.
 
 - `PreemptionCheckpoint`: Lightning turns SIGTERM into `SIGTERMException` at the next batch
-  boundary; this saves `checkpoints/last.ckpt` then.
+  boundary, and this callback defers Ctrl-C (SIGINT) to the same place during fit; it saves
+  `checkpoints/last.ckpt` then.
 - `MidEpochCheckpoint`: `last.ckpt` every N optimizer steps, so a run killed with SIGKILL (OOM
   killer, a lost node) loses at most N steps.
 - `RngState`: the torch/numpy/python RNG states and the position in the epoch in every
@@ -14,6 +15,8 @@ Checkpoints are written atomically by `attnlab.checkpoints.AtomicCheckpointIO` (
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import warnings
 from pathlib import Path
 
@@ -29,10 +32,52 @@ def _checkpoint_dir(trainer, dirpath: str | None) -> Path:
 
 
 class PreemptionCheckpoint(pl.Callback):
+    """`last.ckpt` when training stops on SIGTERM or Ctrl-C.
+
+    Both stop at a batch's end, never in the middle of a save: Lightning raises SIGTERM's
+    exception there itself; Ctrl-C (SIGINT) is deferred here the same way during fit, since a
+    KeyboardInterrupt raised at any line could land between ModelCheckpoint noting a new best
+    checkpoint and writing it (and the resumed run would then test a file that does not exist).
+    A second Ctrl-C stops at once. Where SIGINT is ignored (a background job) it stays ignored.
+    """
+
     def __init__(self, dirpath: str | None = None, filename: str = "last.ckpt") -> None:
         self.dirpath = dirpath
         self.filename = filename
+        self._sigint_asked = False
+        self._previous_handler = None
 
+    # -- Ctrl-C, deferred to the end of the batch
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._sigint_asked = False
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous_handler = signal.signal(signal.SIGINT, self._defer_sigint)
+
+    def _defer_sigint(self, signum, frame) -> None:
+        if self._sigint_asked:  # the second Ctrl-C: now
+            raise KeyboardInterrupt
+        self._sigint_asked = True
+        rank_zero_info("[attnlab] Ctrl-C: stopping at the end of this batch, after a checkpoint "
+                       "(Ctrl-C again to stop at once)")
+
+    def _stop_if_asked(self) -> None:
+        if self._sigint_asked:
+            raise KeyboardInterrupt
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._stop_if_asked()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                dataloader_idx: int = 0) -> None:
+        self._stop_if_asked()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._previous_handler is not None:  # fit is over: Ctrl-C as before
+            signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
+
+    # -- the checkpoint
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return

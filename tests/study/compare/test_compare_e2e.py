@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers.cards import TINY
 from helpers.cli import cli_env
 from helpers.paths import ROOT
@@ -20,6 +21,10 @@ def hydra_recorded(overrides):
             .replace("=true", "=True") for o in overrides]
 
 
+# slow (`make test-slow`, ~60 s): the default suite runs the same launcher with real train.py runs
+# in tests/study/reproduce/test_reproduce.py, and compare's plan, cells and report on records in
+# test_compare_cli.py, test_compare_analysis.py and test_compare_probes.py
+@pytest.mark.slow
 def test_compare_trains_through_train_py_reports_and_resumes(tmp_path, data_dir):
     out = tmp_path / "cmp"
     args = [sys.executable, "-m", "attnlab.compare", "--probes", "unmatched_key", "--schemes",

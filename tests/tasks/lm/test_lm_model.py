@@ -7,7 +7,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from helpers.cards import TINY
-from helpers.cli import QUIET, metrics_files, run_cli
+from helpers.cli import QUIET, metrics_files, run_cli, run_here
 from helpers.modules import task_module
 from helpers.paths import FIXTURES as FIXTURE_ROOT
 from torch.utils.data import DataLoader, DistributedSampler
@@ -162,7 +162,7 @@ def test_a_checkpoint_reloads_the_token_order_and_scores_the_same(tmp_path):
 
 
 def test_query_normalized_schemes_are_refused_at_once(tmp_path, data_dir):
-    proc = run_cli(["task=lm", "model=dnas", *TINY["lm"], *QUIET], tmp_path, data_dir, check=False)
+    proc = run_here(["task=lm", "model=dnas", *TINY["lm"], *QUIET], tmp_path, data_dir, check=False)
     assert proc.returncode == 2, proc.stderr
     message = " ".join(proc.stderr.split())  # rich wraps long lines
     assert "model=dnas normalizes over queries" in message and "model=unas" in message

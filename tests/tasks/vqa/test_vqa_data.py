@@ -373,3 +373,30 @@ def test_feature_scale_multiplies_the_features_only():
         np.testing.assert_array_equal(scaled[key], base[key])
     with pytest.raises(ConfigError, match="feature_scale"):
         synthetic.SyntheticParams(feature_scale=0.0)
+
+
+class _Payload:
+    """What a crafted info file may hold: unpickled, it runs a command (touches a file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_info_file_is_read_as_data_and_a_crafted_one_runs_nothing(tmp_path):
+    """`_info.npy` is a pickle: only numpy's arrays and numbers are unpickled from it."""
+    from tasks.vqa.vqav2 import _load_info
+
+    real = FIXTURES / "features/view_a/COCO_train2014_000000000009_info.npy"
+    got, expected = _load_info(real), np.load(real, allow_pickle=True).item()
+    assert got.keys() == expected.keys() and np.array_equal(got["bbox"], expected["bbox"])
+    crafted = tmp_path / "x_info.npy"
+    np.save(crafted, np.array({"bbox": np.zeros((1, 4)), "num_boxes": _Payload(tmp_path / "ran")},
+                              dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match=r"x_info\.npy \(UnpicklingError: it names posix\.system, not a numpy"):
+        _load_info(crafted)
+    assert not (tmp_path / "ran").exists()

@@ -132,8 +132,11 @@ def scheme_values(model: nn.Module) -> dict[str, dict[str, Tensor]]:
 
 def reported_label(key: str) -> str:
     """How a plot labels the reported quantity `<scheme>_<name>`: what its scheme says it is
-    (`reported_labels`), else "<scheme> <name>" (the output gate's: "gate mean")."""
-    scheme, _, name = key.partition("_")
-    owner = next((t[scheme] for t in (NORMALIZERS, TRANSFORMS, HEAD_SCHEMES) if scheme in t), None)
-    return getattr(owner, "reported_labels", {}).get(name, f"{scheme} {name}")
+    (`reported_labels`), else "<scheme> <name>" (the output gate's: "gate mean"). A scheme's name
+    may hold "_" itself (`talking_heads_self_weight`): the longest registered name before one."""
+    owners = {n: cls for t in (NORMALIZERS, TRANSFORMS, HEAD_SCHEMES) for n, cls in t.items()}
+    # the names the key starts with are prefixes of one another: the greatest is the longest
+    scheme = max((n for n in owners if key.startswith(f"{n}_")), default=key.partition("_")[0])
+    name = key[len(scheme) + 1:]
+    return getattr(owners.get(scheme), "reported_labels", {}).get(name, f"{scheme} {name}")
 
