@@ -20,6 +20,7 @@ from helpers.cli import QUIET, metrics_files, run_cli, run_here
 from helpers.paths import FIXTURES, ROOT
 
 from attnlab import checkpoints, report
+from attnlab.study.evidence import load_jobs
 
 # tests/helpers on the path of the CLI processes, for fault_injection.KillAt / DiskFullLogger
 FAULT_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH", "")])}
@@ -34,9 +35,10 @@ def finished(outputs):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, data_dir):
-    """The reference: the same run, never killed (shared by the two resume tests)."""
+    """The reference: the same run, never killed (shared by the two resume tests), in this
+    process (helpers.cli.run_here: one thread, as the killed and resumed processes)."""
     out = tmp_path_factory.mktemp("uninterrupted")
-    run_cli(RESUME, out, data_dir)
+    run_here(RESUME, out, data_dir)
     return finished(out / "outputs")
 
 
@@ -160,7 +162,7 @@ def test_a_killed_sweep_job_does_not_stop_the_others(tmp_path, data_dir):
                     "+callbacks.kill._target_=fault_injection.KillAt", "+callbacks.kill.step=2",
                     "+callbacks.kill.only_seed=2"], tmp_path, data_dir, check=False, timeout=1200, env=FAULT_ENV)
     (sweep,) = (tmp_path / "outputs" / "multirun").iterdir()
-    statuses = sorted(j["status"] for j in report.load_jobs(sweep))
+    statuses = sorted(j["status"] for j in load_jobs(sweep))
     assert statuses == ["killed", "ok", "ok"], (statuses, proc.stderr[-3000:])
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from helpers.paths import CONF, ROOT
@@ -17,6 +18,7 @@ from helpers.paths import CONF, ROOT
 from attnlab.errors import ConfigError
 from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED
 from attnlab.study.launch import group_sweeps
+from attnlab.study.reproduce.cli import main as reproduce_main
 from attnlab.study.reproduce.plan import GENERIC_QUICK, Plan
 from attnlab.study.reproduce.registry import claims
 from attnlab.study.reproduce.results import Results, explained_away
@@ -137,7 +139,7 @@ def test_claims_without_runs_say_not_tested_and_why(tmp_path):
         assert result.verdict == NOT_TESTED and result.reason, name
 
 
-def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path):
+def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path, capsys):
     """Explaining away on VQA: a real UNAS and DNAS train.py sweep (tiny data), report and PNGs."""
     out = tmp_path / "report"
     tiny = ["task.synthetic.n_train_images=40", "task.synthetic.n_val_images=16", "task.synthetic.n_test_images=16",
@@ -171,10 +173,13 @@ def test_reproduce_end_to_end_on_tiny_vqa_runs(tmp_path):
     else:  # 2 steps on 160 questions: the tiny runs may stay at the majority answer
         assert "vqa/unas: did not learn: val/acc" in report or "vqa/dnas: did not learn: val/acc" in report
     assert "mlm: not run (not selected with --tasks)" in report
-    # started again with the same --out, the finished runs are reused, not trained again
-    again = subprocess.run([*cmd[:4], "explaining_away", *cmd[5:]], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600, check=False)
-    assert again.returncode == 0 and "0 to train in 0 sweep(s), 2 reused" in again.stdout, again.stdout[-2000:]
+    # started again with the same --out, the finished runs are reused, not trained again (the
+    # command's entry in this process: nothing is launched)
+    capsys.readouterr()
+    with mock.patch.dict(os.environ, {"WANDB_MODE": "offline"}):
+        assert reproduce_main([cmd[3], "explaining_away", *cmd[5:]]) == 0
+    again = capsys.readouterr().out
+    assert "0 to train in 0 sweep(s), 2 reused" in again, again[-2000:]
 
 
 @pytest.mark.slow
