@@ -276,8 +276,11 @@ def test_run_config_is_only_the_checkpoints_own_run_folders(tmp_path):
     assert checkpoints.run_config(save(tmp_path / "checkpoints" / "last.ckpt", lightning())).task.name == "mt"
 
 
+# functions anywhere but the allowed ones, and classes outside the allowed packages (a process
+# started by Popen, torch's other classes)
 @pytest.mark.parametrize("target", ["torch.load", "os.system", "builtins.eval",
-                                    "attnlab.files.atomic_write_text", "${oc.env:HOME}"])
+                                    "attnlab.files.atomic_write_text", "${oc.env:HOME}",
+                                    "subprocess.Popen", "torch.utils.data.DataLoader"])
 def test_a_foreign_target_in_a_run_config_is_refused_naming_the_key(target, tmp_path):
     ckpt = run_dir(tmp_path)
     OmegaConf.save(OmegaConf.create({"task": {"name": "mlm", "module": {"net": {
@@ -540,6 +543,23 @@ def touch_ckpt(path: Path, mtime: float) -> Path:
     path.write_bytes(b"x")
     os.utime(path, (mtime, mtime))
     return path
+
+
+def test_a_resume_runs_in_the_run_folder_of_its_checkpoint_and_nothing_else_does(tmp_path):
+    """Hydra's run dir (`resume_dir`): a checkpoint in `<run>/checkpoints/` beside the run's
+    config.yaml (or `last`: the newest of the new dir's siblings) -> that run; else the new dir."""
+    new = str(tmp_path / "vqa" / "hnas" / "now")
+    older, newer = (run_dir(tmp_path / "vqa" / "hnas" / name) for name in ("b", "a"))
+    os.utime(older, (1, 1))  # "b" sorts after "a" but is the older
+    assert checkpoints.resume_dir(new, str(older)) == str(older.parent.parent)
+    assert checkpoints.resume_dir(new, "last") == str(newer.parent.parent)
+    assert checkpoints.resume_dir(new, None) == new and checkpoints.resume_subdir(None, "t") == ".hydra"
+    assert checkpoints.resume_subdir(str(older), "t") == ".hydra/resume-t"
+    loose = tmp_path / "loose.ckpt"
+    loose.write_bytes(b"x")
+    (newer.parent.parent / "config.yaml").unlink()
+    assert checkpoints.resume_dir(new, str(loose)) == new  # not in a run's checkpoints/ folder
+    assert checkpoints.resume_dir(new, str(newer)) == new  # its run folder has no config.yaml
 
 
 def test_resolve_ckpt_path_none_or_a_file(tmp_path):

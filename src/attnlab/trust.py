@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import re
 from collections import OrderedDict
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.errors import ConfigError
@@ -111,8 +111,8 @@ def check_targets(config: DictConfig, where, node: str | None = None) -> None:
         ok = target.startswith(ALLOWED_PACKAGES)
         if ok:
             try:
-                obj = _locate(target)
-            except (ImportError, AttributeError):  # building it will say it does not exist
+                obj = get_object(target)  # imports its module: one of the allowed packages'
+            except (ImportError, AttributeError, ValueError):  # building it will say it does not exist
                 continue
             ok = isinstance(obj, type) or (inspect.isfunction(obj) and target.startswith(ALLOWED_FUNCTIONS))
         if not ok:
@@ -121,22 +121,6 @@ def check_targets(config: DictConfig, where, node: str | None = None) -> None:
                 f"models, data, callbacks; torch optimizers and schedulers; Lightning's parts), so "
                 f"this config is not run: use the config the run wrote, or pass task=<its task> "
                 f"with the checkpoint outside its run folder")
-
-
-def _locate(target: str) -> Any:
-    """The object a dotted name names (its module imported: one of the allowed packages')."""
-    parts = target.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-            break
-        except ImportError:
-            continue
-    else:
-        raise ImportError(target)
-    for part in parts[i:]:
-        obj = getattr(obj, part)
-    return obj
 
 
 def _targets(node: Any, key: str):
