@@ -106,12 +106,29 @@ def route_cell(scheme: str, padded: bool, causal: bool, dropout_p: float) -> str
 
     if scheme not in NORMALIZERS:
         refused = AttentionSpec.from_config(scheme).causal_only and not causal
-        return "refused" if refused else "materialized"
+        return "refused" if refused else structure_route(scheme, padded, causal, dropout_p)
     args, inputs = route_call(scheme, padded, causal, dropout_p)
     try:
         return route(*args[:3], scheme, *args[3:], **inputs)
     except ConfigError:
         return "refused"
+
+
+def structure_route(scheme: str, padded: bool, causal: bool, dropout_p: float) -> str:
+    """What a transform or head scheme runs on this kind of call (its default normalization):
+    its own `route` where it has one (diff: the normalizer's fast path for each map; selective:
+    "blocks"), else "materialized"."""
+    from attnlab.attention import MultiHeadAttention
+    from attnlab.attention.schemes import Heads
+
+    (q, k, v, *masks, causal, dropout_p), _ = route_call("unas", padded, causal, dropout_p)
+    b, h, s, d = q.shape
+    module = MultiHeadAttention(h * d, h, spec=scheme)
+    structure = module.head_scheme if module.head_scheme is not None else module.transform
+    if not hasattr(structure, "route"):
+        return "materialized"
+    query = q.transpose(1, 2).reshape(b, s, h * d)  # the query input (diff v2 projects it)
+    return structure.route(module.normalizer, Heads(q, k, v, *masks, causal, dropout_p, None, query))
 
 
 def routes() -> str:

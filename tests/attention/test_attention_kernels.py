@@ -33,7 +33,8 @@ ROUTES = [
     ("hnas", "cuda", F64, 0.0, False, "reference"),
     ("sinkhorn", "cpu", F32, 0.0, False, "reference"),  # n_iter=3 below
     ("sinkhorn", "cuda", BF16, 0.0, False, "flex"),  # any n_iter on FlexAttention
-    ("entmax", "cpu", F32, 0.0, False, "reference"),
+    ("entmax", "cpu", F32, 0.0, False, "blocked"),
+    ("entmax", "cuda", BF16, 0.0, False, "reference"),
     ("hnas", "mps", F32, 0.0, False, "reference"),
 ]
 

@@ -13,6 +13,7 @@ from attnlab.attention import MultiHeadAttention, attend, paths
 from attnlab.attention.functional import route
 from attnlab.attention.kernels import (
     composed,
+    entmax_blocks,
     flex,
     flex_rowwise,
     fused,
@@ -23,7 +24,7 @@ from attnlab.attention.kernels import (
 )
 from attnlab.attention.kernels import esp as sliced
 from attnlab.attention.kernels import stickbreaking as blocked
-from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS, TRANSFORMS, Normalizer
+from attnlab.attention.schemes import HEAD_SCHEMES, NORMALIZERS, TRANSFORMS, Heads, Normalizer
 from attnlab.docs import CALL_KINDS, ROUTES_BEGIN, ROUTES_END, between, route_call
 from attnlab.errors import ConfigError
 
@@ -34,7 +35,7 @@ ENTRIES = {sdpa: ("unas_sdpa", "unas_sdpa_math"), fused: ("unas_attend", "query_
            flex: ("query_normalized_attend_flex",),
            flex_rowwise: ("sigmoid_attend_flex", "sink_attend_flex", "ssmax_attend_flex"),
            triton_ops: ("query_normalized_attend_triton",), blocked: ("stickbreaking_attend",),
-           sliced: ("esp_weights_chunked",)}
+           sliced: ("esp_weights_chunked",), entmax_blocks: ("entmax_attend",)}
 # the kernels behind each path name (a path whose name is not here is checked by name only)
 KERNELS = {"sdpa": {"sdpa.unas_sdpa"}, "sdpa_math": {"sdpa.unas_sdpa_math"},
            "fused_cpu": {"fused.unas_attend", "fused.query_normalized_attend", "rowwise.sigmoid_attend",
@@ -44,7 +45,8 @@ KERNELS = {"sdpa": {"sdpa.unas_sdpa"}, "sdpa_math": {"sdpa.unas_sdpa_math"},
            "triton": {"triton_ops.query_normalized_attend_triton"},
            "flex": {"flex.query_normalized_attend_flex", "flex_rowwise.sigmoid_attend_flex",
                     "flex_rowwise.sink_attend_flex", "flex_rowwise.ssmax_attend_flex"},
-           "blocked": {"stickbreaking.stickbreaking_attend"}, "chunked": {"esp.esp_weights_chunked"},
+           "blocked": {"stickbreaking.stickbreaking_attend", "entmax_blocks.entmax_attend"},
+           "chunked": {"esp.esp_weights_chunked"},
            "reference": {"reference"}}
 
 
@@ -138,12 +140,29 @@ def test_route_names_the_cuda_kernel_that_runs(scheme, kind, ran, monkeypatch):
     check_runs_what_route_names(name, ran)
 
 
+@pytest.mark.parametrize("kind", CALL_KINDS, ids=[k[0] for k in CALL_KINDS])
 @pytest.mark.parametrize("scheme", sorted({*TRANSFORMS, *HEAD_SCHEMES}))
-def test_transforms_and_head_schemes_run_materialized_as_the_docs_table_says(scheme, ran):
-    documented = documented_routes()
-    causal = bool(getattr(TRANSFORMS.get(scheme), "causal_only", False))
-    heading = "causal" if causal else "plain"
-    assert documented[(scheme, heading)] == "materialized"
-    module = MultiHeadAttention(16, 2, spec=scheme)
-    module(torch.randn(2, 9, 16), causal=causal)
-    assert ran == [], "a transform or head scheme ran a fast path: its table row must say which"
+def test_transforms_and_head_schemes_run_as_the_docs_table_says(scheme, kind, ran):
+    """A transform or head scheme runs what its table cell says: "materialized" (no fast path
+    runs), its own "blocks" (selective's kernel, no normalizer path either), or the
+    normalizer's fast paths named (diff: one call per map and value piece, each that path)."""
+    heading, padded, causal, dropout_p = kind
+    documented = documented_routes()[(scheme, heading)]
+    if documented == "refused":
+        assert getattr(TRANSFORMS.get(scheme), "causal_only", False) and not causal
+        return
+    (q, k, v, kpm, qpm, *_), _ = route_call("unas", padded, causal, dropout_p)
+    b, h, s, d = q.shape
+    module = MultiHeadAttention(h * d, h, spec=scheme, dropout=dropout_p)
+    structure = module.head_scheme if module.head_scheme is not None else module.transform
+    named = structure.route(module.normalizer, Heads(
+        q, k, v, kpm, qpm, causal, dropout_p, None, q.transpose(1, 2).reshape(b, s, h * d))
+    ) if hasattr(structure, "route") else "materialized"
+    assert documented == named, f"docs/attention.md says {documented}, route {named}: run `make docs`"
+    module(q.transpose(1, 2).reshape(b, s, h * d), key_padding_mask=kpm, query_padding_mask=qpm,
+           causal=causal)
+    paths_run = {r for r in ran if r.startswith("path:")}
+    if named in ("materialized", "blocks"):
+        assert paths_run == set(), ran
+    else:
+        assert paths_run == {f"path:{n}" for n in named.split("+")}, ran

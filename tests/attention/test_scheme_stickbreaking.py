@@ -170,8 +170,8 @@ def test_the_path_serves_long_causal_calls_only(monkeypatch):
 
 def test_s2048_runs_blocked_without_an_s_by_s_tensor():
     """At S = 2048 the blocked path serves, no tensor of the forward or the backward holds S x S
-    entries (the largest is a block's (128, S) logits), and autograd keeps O(S) for the backward
-    (the blocks are recomputed there, not stored)."""
+    entries (the blocks live inside the C++ kernel on the CPU), and autograd keeps O(S) for the
+    backward (the blocks are recomputed there, not stored)."""
     S = 2048
     assert S * S > sb.MIN_PAIRS
     g = torch.Generator().manual_seed(0)
@@ -190,7 +190,7 @@ def test_s2048_runs_blocked_without_an_s_by_s_tensor():
         out.square().sum().backward()
     assert sum(saved) < 64 * S * 8  # O(S d), not O(S^2)
     assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
-    assert S * 64 <= rec.largest <= sb.BLOCK_SIZE["cpu"] * S < S * S
+    assert rec.largest <= sb.BLOCK_SIZE["cpu"] * S < S * S
     # spot check: the last 64 rows equal the reference's rows (computed for those rows only)
     with torch.no_grad():
         logits = q[..., -64:, :] @ k.transpose(-2, -1) / math.sqrt(8)

@@ -18,6 +18,7 @@ from attnlab.attention import (
     TransformerEncoderLayer,
     attend,
     attention_weights,
+    reference_attend,
     register,
     scheme_parameters,
 )
@@ -555,13 +556,14 @@ def test_a_head_scheme_by_default_is_one_head_of_one_feature_whose_own_parameter
 
 def test_attention_without_dropout_leaves_the_random_stream_alone():
     """No dropout draws no seed: what a seeded run draws next does not depend on the attention
-    calls before it (entmax: no fast path, the reference's apply_weights runs)."""
+    calls before it (entmax: its blocked path, and the reference's apply_weights)."""
     q, k, v, mask = inputs(seed=7)
     torch.manual_seed(0)
     expected = torch.rand(3)
-    torch.manual_seed(0)
-    attend(q, k, v, "entmax", key_padding_mask=mask, dropout_p=0.0)
-    assert torch.equal(torch.rand(3), expected)
+    for run in (attend, reference_attend):
+        torch.manual_seed(0)
+        run(q, k, v, "entmax", key_padding_mask=mask, dropout_p=0.0)
+        assert torch.equal(torch.rand(3), expected), run.__name__
 
 
 def test_a_normalizations_own_options_are_checked_by_name():
@@ -576,8 +578,8 @@ def test_a_normalizations_own_options_are_checked_by_name():
 
 
 def test_dropout_of_one_drops_every_weight():
-    """p = 1 as torch's dropout: all zero, not 1 / (1 - p) (entmax: no fast path, the reference's
-    apply_weights runs)."""
+    """p = 1 as torch's dropout: all zero, not 1 / (1 - p) (entmax: its blocked path takes p < 1,
+    so the reference's apply_weights runs)."""
     q, k, v, mask = inputs(seed=8)
     out = attend(q, k, v, "entmax", key_padding_mask=mask, dropout_p=1.0)
     assert torch.equal(out, torch.zeros_like(out))

@@ -51,14 +51,14 @@ def hidden_and_grads(model, ids, mask):
     return out.detach(), grads
 
 
-def assert_gradients_close(got: dict, want: dict) -> None:
-    """Each gradient to 1e-5 of its tensor's scale (at least 1): float32 sums over 384-wide
+def assert_gradients_close(got: dict, want: dict, tolerance: float = 1e-5) -> None:
+    """Each gradient to `tolerance` of its tensor's scale (at least 1): float32 sums over 384-wide
     rows differ in the last bits, and some gradients are exactly 0 in theory (key biases, which
     softmax ignores) and rounding noise in both implementations."""
     for name, grad in want.items():
         scale = max(float(grad.abs().max()), 1.0)
         diff = float((got[name] - grad).abs().max())
-        assert diff <= 1e-5 * scale, f"{name}: gradients differ by {diff:.3g} (scale {scale:.3g})"
+        assert diff <= tolerance * scale, f"{name}: gradients differ by {diff:.3g} (scale {scale:.3g})"
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -103,6 +103,8 @@ def test_other_schemes_equal_attnlabs_reference(batch, scheme, options):
     model.set_attn_implementation(register_reference(mask == 0))
     want, want_grads = hidden_and_grads(model, ids, mask)
     assert (got - want).abs().max() < 1e-5
-    assert_gradients_close(got_grads, want_grads)
+    # entmax's blocked path finds its threshold by Newton steps, the reference by bisection: in
+    # float32 both sit ~3e-6 from float64 (test_entmax_blocks), apart by up to twice that
+    assert_gradients_close(got_grads, want_grads, 2e-5 if scheme == "entmax" else 1e-5)
     unas = packaged_bert()(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
     assert (got - unas).abs().max() > 1e-2  # the scheme did change the model

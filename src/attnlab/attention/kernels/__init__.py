@@ -15,6 +15,11 @@ declares its paths, `attnlab.attention.paths` is the mechanism; docs/attention.m
 - `flex.py`: DNAS / HNAS / Sinkhorn-k on CUDA through PyTorch's FlexAttention (block masks for
   padding, sliding windows, documents; no dropout); `cuda_choices.json`: which of Triton / Flex
   serves each shape, written by `bench/attention.py --device cuda --write-choices`;
+- `rowwise.py` (+ `csrc/rowwise.cpp`): sigmoid, sink, softpick on the fused C++ CPU kernel (causal
+  calls skip the blocks above the diagonal); `flex_rowwise.py`: them and SSMax on CUDA;
+- `stickbreaking.py` (+ `csrc/stickbreaking.cpp`): stick-breaking, flash-style on the CPU;
+  `entmax_blocks.py`: entmax by strips of queries (threshold by Newton-bisection per row);
+  `selective_blocks.py`: selective attention by blocks of queries; `esp.py`: ESP's transport plans;
 - `dropout.py`: the counter-based dropout mask that every kernel (C++, Triton) and the reference
   regenerate from one seed.
 

@@ -39,6 +39,8 @@ SOURCE = Path(__file__).with_name("csrc") / "query_normalized.cpp"
 HEADERS = tuple(SOURCE.with_name(name) for name in ("rows.h", "fold.h", "backward.h", "dropout.h"))
 # the row-wise schemes' kernel (sigmoid, sink, softpick; kernels/rowwise.py), in the same library
 ROWWISE_SOURCE = SOURCE.with_name("rowwise.cpp")
+# stick-breaking's kernel (kernels/stickbreaking.py), in the same library
+STICKBREAKING_SOURCE = SOURCE.with_name("stickbreaking.cpp")
 
 # Instruction-set flags matching ATen's own CPU builds, so that at::vec::Vectorized takes the
 # same wide code paths as torch's kernels.
@@ -60,7 +62,7 @@ def build_dir() -> Path:
     flags = _flags()
     # the sources' path too: ninja rebuilds when the same build dir is asked for from another
     # checkout (its build.ninja names the source by path), so each checkout keeps its own
-    sources = b"".join(path.read_bytes() for path in (SOURCE, ROWWISE_SOURCE, *HEADERS))
+    sources = b"".join(path.read_bytes() for path in (SOURCE, ROWWISE_SOURCE, STICKBREAKING_SOURCE, *HEADERS))
     key = hashlib.sha256(sources + " ".join(flags).encode() + str(SOURCE).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__.split('+')[0]}-{torch.backends.cpu.get_cpu_capability()}-{key}"
     root = os.environ.get("ATTNLAB_KERNEL_CACHE") or Path.home() / ".cache" / "attnlab" / "kernels"
@@ -98,7 +100,7 @@ def _build() -> bool:
         if not (directory / f"{name}.so").exists():
             print(f"[attnlab] compiling the fused DNAS/HNAS CPU kernel once (~15 s) into {directory}",
                   file=sys.stderr, flush=True)
-        build(name=name, sources=[str(SOURCE), str(ROWWISE_SOURCE)], extra_cflags=_flags(), build_directory=str(directory),
+        build(name=name, sources=[str(SOURCE), str(ROWWISE_SOURCE), str(STICKBREAKING_SOURCE)], extra_cflags=_flags(), build_directory=str(directory),
               is_python_module=False, verbose=False)
         return True
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the fallback

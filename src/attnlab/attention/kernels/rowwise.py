@@ -6,7 +6,8 @@ flash attention does: the forward over blocks of queries against every key, the 
 blocks of keys against every query (scores recomputed), no S_q x S_k tensor, exact gradients of
 q, k, v and of the scheme's parameter (through a per-row input `beta`, (B, H, S_q): sigmoid's
 bias, the sink's logit; autograd takes its gradient on to b). The math is in the C++ file.
-Masks: bool (B, S), True = padding; causal: top-left aligned (row i sees keys j <= i).
+Masks: bool (B, S), True = padding; causal: top-left aligned (row i sees keys j <= i), the
+blocks above the diagonal skipped, not masked (about half the work at S_q = S_k).
 
 SSMax needs no kernel of its own: softmax(c_h log(n_i) s_ij) is UNAS on q_i scaled by
 c_h log(n_i) (n_i: the valid keys of row i), so it runs on whichever UNAS path serves the call

@@ -209,3 +209,18 @@ class Attended:
     out: Tensor  # (B, H, S_q, d_v)
     weights: Tensor | None = None  # the effective weights where they were materialized anyway
     logits: Tensor | None = None  # passed on to the next layer of a cascade stack (or None)
+
+
+class DeferredWeights(Attended):
+    """An `Attended` whose effective weights are materialized only when read (a recorder reads
+    them: MultiHeadAttention._record), never in training. The block paths of selective and
+    differential attention return it, so that recording still gets their own weights."""
+
+    def __init__(self, out: Tensor, materialize, logits: Tensor | None = None) -> None:
+        object.__setattr__(self, "out", out)
+        object.__setattr__(self, "logits", logits)
+        object.__setattr__(self, "_materialize", materialize)
+
+    @property
+    def weights(self) -> Tensor:  # type: ignore[override]
+        return self._materialize()

@@ -25,6 +25,12 @@ with no norm and no rescaling (W_lambda: E x H, no bias).
 The weights the analyses record are the effective A per head: rows sum to 1 - lambda (v1) or
 1 - sigmoid(x W_lambda) (v2) and may be negative. `reported()`: {"lambda": (H,)} (v1: lambda; v2:
 the mean sigmoid(x W_lambda) of the last forward).
+
+Paths (`route`): in a module (`attend_heads`), as the published multihead_flashdiff_1/_2.py,
+N(Q1 K1^T) V and N(Q2 K2^T) V are plain calls of the normalizer's own fast path (the value split
+into pieces of the query's width, one call each), subtracted in float32: no S x S map. The maps
+are materialized (`forward`, which returns them) where a call has no fast path, with attention
+dropout, and when a recorder reads the weights (computed then, on demand).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.reference import masked_logits
+from attnlab.attention.reference import masked_logits, output_dtype
+from attnlab.attention.schemes.base import Attended, DeferredWeights, Heads
 from attnlab.attention.schemes.head_scheme import HeadScheme
 from attnlab.attention.schemes.normalizer import Normalizer, apply_weights
 from attnlab.attention.schemes.registry import register
@@ -124,45 +131,98 @@ class DiffAttention(HeadScheme):
             return {"lambda": self.lambda_full().detach().float().expand(self.num_heads).clone()}
         return {} if self._lambda_mean is None else {"lambda": self._lambda_mean}
 
+    @property
+    def query_key_groups(self) -> int:
+        """The q.k products each head's features form, on which positions (RoPE, ALiBi:
+        attnlab.attention.positions) act separately: version 1's two halves, version 2's one."""
+        return 2 if self.version == 1 else 1
+
     # -- the computation
-    def _maps(self, normalizer: Normalizer, q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor,
-              v: Tensor, key_padding_mask, query_padding_mask, causal) -> tuple[Tensor, Tensor]:
-        """The two weight maps N(Q1 K1^T / sqrt(d1)) and N(Q2 K2^T / sqrt(d2)), float32."""
-        call = normalizer.call(q1, k1, v, key_padding_mask, query_padding_mask, causal)
-        w1 = normalizer.weights(masked_logits(q1, k1, key_padding_mask, query_padding_mask, causal),
-                                **call.inputs)
-        w2 = normalizer.weights(masked_logits(q2, k2, key_padding_mask, query_padding_mask, causal),
-                                **call.inputs)
-        return w1, w2
+    def _pairs(self, q: Tensor, k: Tensor, query: Tensor | None):
+        """The (query, key) pairs of the two maps: v1 the halves, v2 (q, k) and (Q2, k)."""
+        if self.version == 1:
+            half = q.shape[-1] // 2
+            (q1, q2), (k1, k2) = q.split(half, -1), k.split(half, -1)
+            return (q1, k1), (q2, k2)
+        if query is None:
+            raise ConfigError("model=diff model.version=2 takes its lambda and second query "
+                              "from the attention's query input, which this attention does "
+                              "not give (it calls attend_heads on its own heads); use version=1")
+        b, s, _ = query.shape
+        q2 = self.q2_proj(query).view(b, s, self.num_heads, -1).transpose(1, 2)
+        return (q, k), (q2.to(q.dtype), k)
+
+    def _lambda(self, query: Tensor | None, query_padding_mask: Tensor | None) -> Tensor:
+        """The second map's weight, broadcast over (B, H, S_q, S_k): v1 (1, H or 1, 1, 1); v2
+        sigmoid(x W_lambda) (B, H, S_q, 1), float32 at least (its mean is remembered)."""
+        if self.version == 1:
+            return self.lambda_full().view(1, -1, 1, 1)
+        lam = self.lambda_proj(query)
+        lam = torch.sigmoid(lam.to(torch.promote_types(lam.dtype, torch.float32))).transpose(1, 2)
+        self._remember(lam.detach(), query_padding_mask)
+        return lam.unsqueeze(-1)
+
+    def _finish(self, out: Tensor) -> Tensor:
+        """v1: the group norm and the (1 - lambda_init) rescaling; v2: nothing."""
+        return self.subln(out) * (1.0 - self.lambda_init) if self.version == 1 else out
+
+    def _fast_calls(self, normalizer: Normalizer, heads: Heads):
+        """Per map, [(path, call)] of its plain calls where the normalizer has a fast path for
+        all of them and there is no attention dropout (one dropout mask on the effective A, as
+        the materialized weights have it); None otherwise. A value wider than the map's query
+        is split into pieces of the query's width, one call each (as the published
+        MultiheadFlashDiff2 does: ATen's CPU flash kernel, like flash-attn, takes one head size
+        for q, k and v, and falls back to its materialized math kernel otherwise)."""
+        if heads.dropout_p:
+            return None
+        with torch.autocast(device_type=heads.q.device.type, enabled=False):
+            calls = [[normalizer.call(qi, ki, vi, heads.key_padding_mask, heads.query_padding_mask,
+                                      heads.causal, mask_cache=heads.mask_cache)
+                      for vi in heads.v.split(qi.shape[-1], -1)]
+                     for qi, ki in self._pairs(heads.q, heads.k, heads.query)]
+        chosen = [[(normalizer.choose(call), call) for call in pieces] for pieces in calls]
+        return None if any(path is None for pieces in chosen for path, _ in pieces) else chosen
+
+    def route(self, normalizer: Normalizer, heads: Heads) -> str:
+        """The normalizer's fast path that computes the maps' outputs (names joined by "+"
+        where the calls take different ones), else "materialized"."""
+        chosen = self._fast_calls(normalizer, heads)
+        if chosen is None:
+            return "materialized"
+        return "+".join(dict.fromkeys(path.name for pieces in chosen for path, _ in pieces))
+
+    def attend_heads(self, normalizer: Normalizer, heads: Heads) -> Attended:
+        """N(Q1 K1^T) V - lambda N(Q2 K2^T) V from plain calls of the normalizer's fast path (its
+        weights deferred to a recorder), then the v1 norm; else the materialized `forward`."""
+        if heads.prev_logits is not None:
+            return super().attend_heads(normalizer, heads)  # refuses it
+        args = (normalizer, heads.q, heads.k, heads.v, heads.key_padding_mask,
+                heads.query_padding_mask, heads.causal, heads.dropout_p, heads.query)
+        chosen = self._fast_calls(normalizer, heads)
+        if chosen is None:
+            return super().attend_heads(normalizer, heads)
+        with torch.autocast(device_type=heads.q.device.type, enabled=False):
+            lam = self._lambda(heads.query, heads.query_padding_mask)
+            # the difference in float32 at least (it cancels most of the two outputs), piece by
+            # piece of the value: one (B, H, S_q, d_v) tensor the fewer at a time
+            out = torch.cat([path1(normalizer, call1).to(lam.dtype) - lam * path2(normalizer, call2)
+                             for (path1, call1), (path2, call2) in zip(*chosen)], -1)
+            out = self._finish(out.to(output_dtype(heads.v)))
+        return DeferredWeights(out, lambda: self(*args)[1])
 
     def forward(self, normalizer: Normalizer, q: Tensor, k: Tensor, v: Tensor,
                 key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
                 causal: bool = False, dropout_p: float = 0.0, query: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
+        """The materialized computation: (out, the effective weights A)."""
         with torch.autocast(device_type=q.device.type, enabled=False):
-            if self.version == 1:
-                half = q.shape[-1] // 2
-                (q1, q2), (k1, k2) = q.split(half, -1), k.split(half, -1)
-                w1, w2 = self._maps(normalizer, q1, k1, q2, k2, v, key_padding_mask,
-                                    query_padding_mask, causal)
-                lam = self.lambda_full().to(w1.dtype).view(1, -1, 1, 1)
-                weights = w1 - lam * w2
-                out = apply_weights(weights, v, dropout_p)
-                out = self.subln(out) * (1.0 - self.lambda_init)
-                return out, weights
-            if query is None:
-                raise ConfigError("model=diff model.version=2 takes its lambda and second query "
-                                  "from the attention's query input, which this attention does "
-                                  "not give (it calls attend_heads on its own heads); use version=1")
-            b, s, _ = query.shape
-            q2 = self.q2_proj(query).view(b, s, self.num_heads, -1).transpose(1, 2)
-            w1, w2 = self._maps(normalizer, q, k, q2.to(q.dtype), k, v, key_padding_mask,
-                                query_padding_mask, causal)
-            lam = self.lambda_proj(query)
-            lam = torch.sigmoid(lam.to(torch.promote_types(lam.dtype, torch.float32))).transpose(1, 2)
-            self._remember(lam.detach(), query_padding_mask)
-            weights = w1 - lam.to(w1.dtype).unsqueeze(-1) * w2
-            return apply_weights(weights, v, dropout_p), weights
+            (q1, k1), (q2, k2) = self._pairs(q, k, query)
+            call = normalizer.call(q1, k1, v, key_padding_mask, query_padding_mask, causal)
+            w1, w2 = (normalizer.weights(masked_logits(qi, ki, key_padding_mask, query_padding_mask,
+                                                       causal), **call.inputs)
+                      for qi, ki in ((q1, k1), (q2, k2)))
+            weights = w1 - self._lambda(query, query_padding_mask).to(w1.dtype) * w2
+            return self._finish(apply_weights(weights, v, dropout_p)), weights
 
     @torch.no_grad()
     def _remember(self, lam: Tensor, query_padding_mask: Tensor | None) -> None:

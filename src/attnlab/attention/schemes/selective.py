@@ -36,8 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.attention.kernels.selective_blocks import selective_attention
+from attnlab.attention.reference import compute_dtype, output_dtype
+from attnlab.attention.schemes.base import Attended, DeferredWeights, Heads
+from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
 from attnlab.attention.schemes.transform import LogitTransform
+from attnlab.attention.schemes.unas import UNAS
 from attnlab.errors import ConfigError
 
 
@@ -65,8 +70,7 @@ class Selective(LogitTransform):
         """Selective attention works within one layer: nothing goes on to the next."""
         return False
 
-    def forward(self, scores: Tensor, previous: Tensor | None) -> Tensor:
-        heads, s_q, s_k = scores.shape[1:]
+    def _check_shape(self, heads: int, s_q: int, s_k: int) -> None:
         head = self.options.selecting_head
         if head >= heads:
             raise ConfigError(f"model.selecting_head={head} must be < the number of heads ({heads})")
@@ -74,6 +78,34 @@ class Selective(LogitTransform):
             raise ConfigError(
                 f"selective attention needs every query from position 0 ({s_q} queries over {s_k} "
                 f"keys given): decode it by re-running the prefix, without a key/value cache")
+
+    def route(self, normalizer: Normalizer, heads: Heads) -> str:
+        """"blocks" where the block kernel computes this step, else "materialized"."""
+        blocks = (type(normalizer) is UNAS and heads.causal and not heads.dropout_p
+                  and heads.prev_logits is None and heads.q.shape[-2] == heads.k.shape[-2])
+        return "blocks" if blocks else "materialized"
+
+    def attend_heads(self, normalizer: Normalizer, heads: Heads) -> Attended:
+        """By query blocks where `route` says so (the weights deferred to a recorder), else the
+        materialized cascade step."""
+        if self.route(normalizer, heads) != "blocks":
+            return super().attend_heads(normalizer, heads)
+        # the checks of the materialized step: inputs, masks, the selecting head
+        normalizer.call(heads.q, heads.k, heads.v, heads.key_padding_mask,
+                        heads.query_padding_mask, heads.causal)
+        self._check_shape(heads.q.shape[1], heads.q.shape[-2], heads.k.shape[-2])
+        dtype = compute_dtype(heads.q)  # float32 (float64 stays), autocast off, as every path
+        with torch.autocast(device_type=heads.q.device.type, enabled=False):
+            out = selective_attention(heads.q.to(dtype), heads.k.to(dtype), heads.v.to(dtype),
+                                      heads.key_padding_mask, heads.query_padding_mask,
+                                      self.options.selecting_head, self.options.exempt_bos)
+        out = out.to(output_dtype(heads.v))
+        return DeferredWeights(out, lambda: super(Selective, self).attend_heads(normalizer, heads).weights)
+
+    def forward(self, scores: Tensor, previous: Tensor | None) -> Tensor:
+        heads, s_q, s_k = scores.shape[1:]
+        self._check_shape(heads, s_q, s_k)
+        head = self.options.selecting_head
         selection = torch.relu(scores[:, head])  # (B, S, S): 0 where masked
         exempt = torch.eye(s_q, dtype=torch.bool, device=scores.device)  # a query keeps itself
         if self.options.exempt_bos:

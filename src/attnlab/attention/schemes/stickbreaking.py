@@ -17,8 +17,11 @@ rem * v_i to the output; attnlab does not.
 
 Defined for causal attention only (`causal_only`): refused elsewhere. A padded key is absent: it
 takes no share and consumes none of the stick (its logsigmoid(-z) term is 0). Materialized
-reference here (the math is `kernels/stickbreaking.stickbreaking_weights`, shared with the
-blocked kernel, which computes it by query blocks without S x S memory: path "blocked").
+reference here (the math is `kernels/stickbreaking.stickbreaking_weights`, which `attention_weights`
+and the analyses use). Path "blocked" (kernels/stickbreaking.py) never holds S x S: on the CPU a
+C++ kernel in the fused library, flash style (the stick carried from the diagonal leftwards, the
+scores recomputed in the backward; at S = 4096 about SDPA's time and memory), elsewhere blocks of
+queries under checkpointing.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ class StickBreakingOptions:
                               f"model.attend_current=false")
 
 
-# its kernel: by blocks of queries (kernels/stickbreaking.py), no S x S memory, CPU and CUDA;
-# causal only, no dropout; a call of one block runs on the reference, as lean
+# its kernel (kernels/stickbreaking.py), no S x S memory: the fused C++ kernel on the CPU (query
+# blocks where it did not build), query blocks on CUDA; causal only, no dropout; a call of one
+# block runs on the reference, as lean
 def _blocked_supports(normalizer, device, dtype, dropout_p, causal) -> bool:
     fits = dtype in CPU_DTYPES if device == "cpu" else device == "cuda" and dtype in CUDA_DTYPES
     return fits and causal and dropout_p == 0.0

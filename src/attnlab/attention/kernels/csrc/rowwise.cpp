@@ -21,6 +21,9 @@
 // Forward: blocks of queries against every key (one
 // sweep for sigmoid; max, then exp-and-sum for sink / softpick, normalized after the product);
 // backward: blocks of keys against every query (rows.h, backward.h), five products as flash.
+// Causal: a block of rows [i0, i1) computes the keys j < i1 only, a block of keys [j0, j1) the
+// queries i >= j0 only (about half the work at S_q = S_k); only the diagonal's own pairs are
+// masked. The dropout mask is a function of (b, h, i, j) alone, so skipping changes none of it.
 // Rows of padded queries, and rows without a valid key, give 0 and no gradient, never NaN:
 // every exp() argument is <= 0 or -inf (sigmoid: exp(-|t|)).
 
@@ -121,13 +124,16 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const T* beta = beta_all ? beta_all + bh * M : nullptr;
       for (int64_t i0 = 0; i0 < M; i0 += rows) {
         const int64_t nb = std::min(rows, M - i0);
-        gemm<T>(false, true, nb, N, d, scale, qs + i0 * Q.row, Q.row, ks, K.row, T(0), X.data(), N);
-        mask_block<T>(X.data(), N, i0, nb, 0, N, kbias.data(), causal);
+        // causal: the block's last row, i0 + nb - 1, sees keys j <= i0 + nb - 1; the keys after
+        // are masked for every row of the block, so their scores are never computed
+        const int64_t n = causal ? std::min(N, i0 + nb) : N;
+        gemm<T>(false, true, nb, n, d, scale, qs + i0 * Q.row, Q.row, ks, K.row, T(0), X.data(), n);
+        mask_block<T>(X.data(), n, i0, nb, 0, n, kbias.data(), causal);
         for (int64_t r = 0; r < nb; ++r) {
           const int64_t i = i0 + r;
-          T* x = X.data() + r * N;
+          T* x = X.data() + r * n;
           if (std::isinf(qbias[i])) {  // padded query: out 0, r = +inf
-            std::fill(x, x + N, T(0));
+            std::fill(x, x + n, T(0));
             row_scale[r] = T(0);
             rs[i] = T(kInf);
             if (c_all) c_all[bh * M + i] = T(0), idx_all[bh * M + i] = 0;
@@ -135,14 +141,14 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           }
           if (kind == kSigmoid) {
             const V vb(beta[i]);
-            chunks<T>(N, [&](int64_t j, int64_t c) { st(vsigmoid(ld(x, j, c, T(0)) + vb), x, j, c); });
+            chunks<T>(n, [&](int64_t j, int64_t c) { st(vsigmoid(ld(x, j, c, T(0)) + vb), x, j, c); });
             row_scale[r] = T(1);
             rs[i] = T(0);
           } else if (kind == kSink) {
-            const T m = std::max(row_max(x, N), beta[i]);  // beta finite
+            const T m = std::max(row_max(x, n), beta[i]);  // beta finite
             const V vm(m);
             V sum(T(0));
-            chunks<T>(N, [&](int64_t j, int64_t c) {
+            chunks<T>(n, [&](int64_t j, int64_t c) {
               const V e = vexp(ld(x, j, c, -T(kInf)) - vm);
               st(e, x, j, c);
               sum = sum + e;
@@ -151,7 +157,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             row_scale[r] = T(1) / l;
             rs[i] = m + std::log(l);
           } else {  // softpick
-            const T mx = row_max(x, N);
+            const T mx = row_max(x, n);
             const T m = std::max(mx, T(0));
             const T e0 = std::exp(-m);
             c_all[bh * M + i] = m;
@@ -160,7 +166,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             idx_all[bh * M + i] = arg;
             const V vm(m), ve0(e0), zero(T(0)), ninf(-T(kInf));
             V sum(T(0));
-            chunks<T>(N, [&](int64_t j, int64_t c) {
+            chunks<T>(n, [&](int64_t j, int64_t c) {
               const V s = ld(x, j, c, -T(kInf));
               const V a = vexp(s - vm) - ve0;
               sum = sum + V::blendv(zero, a.abs(), s > ninf);  // valid keys only
@@ -170,13 +176,13 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             row_scale[r] = T(1) / l;
             rs[i] = m + std::log(l);
           }
-          if (drop.active()) {
-            drop.row<T>(bh, i, keep.data(), 0, N);
-            mul_row<T>(x, keep.data(), N);
+          if (drop.active()) {  // the keep mask of (i, j) for j < n: the same as without skipping
+            drop.row<T>(bh, i, keep.data(), 0, n);
+            mul_row<T>(x, keep.data(), n);
           }
         }
         T* ob = os + i0 * O.row;
-        gemm<T>(false, false, nb, dv, N, T(1), X.data(), N, vs, Vs.row, T(0), ob, O.row);
+        gemm<T>(false, false, nb, dv, n, T(1), X.data(), n, vs, Vs.row, T(0), ob, O.row);
         for (int64_t r = 0; r < nb; ++r)
           for (int64_t f = 0; f < dv; ++f) ob[r * O.row + f] *= row_scale[r];
       }
@@ -253,26 +259,35 @@ void backward_impl(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k
       }
       for (int64_t j0 = 0; j0 < N; j0 += cols) {
         const int64_t nj = std::min(cols, N - j0);
-        gemm<T>(false, true, M, nj, d, scale, qs, Q.row, ks + j0 * K.row, K.row, T(0), X.data(), nj);
-        gemm<T>(false, true, M, nj, dvs, T(1), gs, G.row, vs + j0 * Vv.row, Vv.row, T(0), Dp.data(), nj);
-        mask_block<T>(X.data(), nj, 0, M, j0, nj, kbias.data(), causal);
-        for (int64_t i = 0; i < M; ++i) {
-          T* x = X.data() + i * nj;
-          T* dp = Dp.data() + i * nj;
+        // causal: key j is seen by the queries i >= j only, so the block's keys by i >= j0; the
+        // queries before have no weight on it (their ds and w~ are 0) and are skipped. With
+        // S_q <= j0 no query sees the block: its dk and dv stay 0.
+        const int64_t i0 = causal ? std::min(j0, M) : 0, m = M - i0;
+        if (m == 0) continue;
+        const T* qb = qs + i0 * Q.row;
+        const T* gb = gs + i0 * G.row;
+        gemm<T>(false, true, m, nj, d, scale, qb, Q.row, ks + j0 * K.row, K.row, T(0), X.data(), nj);
+        gemm<T>(false, true, m, nj, dvs, T(1), gb, G.row, vs + j0 * Vv.row, Vv.row, T(0), Dp.data(), nj);
+        mask_block<T>(X.data(), nj, i0, m, j0, nj, kbias.data(), causal);
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t i = i0 + r;
+          T* x = X.data() + r * nj;
+          T* dp = Dp.data() + r * nj;
           if (std::isinf(qbias[i])) {  // padded query: no weight, no gradient
             std::fill(x, x + nj, T(0));
             std::fill(dp, dp + nj, T(0));
             continue;
           }
-          if (drop.active()) drop.row<T>(bh, i, keep.data(), j0, nj);
+          if (drop.active()) drop.row<T>(bh, i, keep.data(), j0, nj);  // (i, j) as the forward's
           const T sum = grad_row<T>(kind, x, dp, beta ? beta[i] : T(0), rs[i], Drow[i],
                                     drop.active() ? keep.data() : nullptr, nj);
           if (kind == kSigmoid) db[i] += sum;
         }
-        // dv_J = w~^T g, dk_J = scale ds^T q, dq += scale ds k_J
-        gemm<T>(true, false, nj, dvs, M, T(1), X.data(), nj, gs, G.row, T(0), dvv + j0 * DV.row, DV.row);
-        gemm<T>(true, false, nj, d, M, scale, Dp.data(), nj, qs, Q.row, T(0), dks + j0 * DK.row, DK.row);
-        gemm<T>(false, false, M, d, nj, scale, Dp.data(), nj, ks + j0 * K.row, K.row, T(1), dqs, DQ.row);
+        // dv_J = w~^T g, dk_J = scale ds^T q, dq += scale ds k_J (over the queries i >= i0)
+        gemm<T>(true, false, nj, dvs, m, T(1), X.data(), nj, gb, G.row, T(0), dvv + j0 * DV.row, DV.row);
+        gemm<T>(true, false, nj, d, m, scale, Dp.data(), nj, qb, Q.row, T(0), dks + j0 * DK.row, DK.row);
+        gemm<T>(false, false, m, d, nj, scale, Dp.data(), nj, ks + j0 * K.row, K.row, T(1),
+                dqs + i0 * DQ.row, DQ.row);
       }
     }
   });
