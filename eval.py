@@ -4,6 +4,7 @@ or one logged with logger.wandb.log_model=best: python eval.py ckpt_path=wandb:<
 """
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # first on sys.path: `tasks` is importable
@@ -12,7 +13,7 @@ os.environ.setdefault("ATTNLAB_ROOT", ROOT)
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from attnlab import cli, console
+from attnlab import checkpoints, cli, console
 from attnlab.runner import evaluate, run_job
 from attnlab.wandb_runs import WANDB_PREFIX, checkpoint_from_artifact
 
@@ -31,4 +32,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # the checkpoint's task, so that its own keys can be overridden (task.eval_lengths=[1,4])
+    sys.argv += checkpoints.task_argument(sys.argv[1:])
     cli.run(main, os.path.join(ROOT, "conf"))

@@ -626,3 +626,17 @@ def test_every_checkpoint_a_run_writes_loads_weights_only(task, tmp_path, data_d
     for name in written:
         ckpt = torch.load(tmp_path / "checkpoints" / name, weights_only=True, map_location="cpu")
         assert ckpt["state_dict"] and isinstance(ckpt["hyper_parameters"], dict)
+
+
+def test_eval_of_a_checkpoint_composes_its_own_task(tmp_path):
+    """eval.py ckpt_path=... task.eval_lengths=[1,4]: the run's task is added before Hydra
+    composes (else eval.yaml's default task would not have the key); never over a given task=."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"task": {"name": "lm"}}), run / "config.yaml")
+    ckpt = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    assert checkpoints.task_argument([ckpt, "task.eval_lengths=[1,4]"]) == ["task=lm"]
+    assert checkpoints.task_argument([ckpt, "task=mt"]) == []
+    assert checkpoints.task_argument([f"ckpt_path={tmp_path / 'x.ckpt'}"]) == []  # no run folder
+    OmegaConf.save(OmegaConf.create({"task": {"name": "lm; rm -rf"}}), run / "config.yaml")
+    assert checkpoints.task_argument([ckpt]) == []  # a name is a config group option, nothing else

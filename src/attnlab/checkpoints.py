@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from hydra.utils import get_object
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
@@ -138,6 +139,25 @@ def run_config(path) -> Any | None:
     before building anything of it, `check_targets`."""
     file = run_config_file(path)
     return None if file is None else OmegaConf.load(file)
+
+
+def task_argument(argv: list[str]) -> list[str]:
+    """`["task=<name>"]` for `eval.py ckpt_path=<run>/checkpoints/x.ckpt ...` given without `task=`:
+    Hydra composes eval.yaml's default task before anyone reads the checkpoint, so an override of
+    a key only the checkpoint's task has (`task.eval_lengths=[1,4]` of task=lm) would not compose.
+    The task is the name in the checkpoint's own run config; [] when that is unknown (then
+    `evaluate` says what is wrong with the checkpoint) or when task= is given."""
+    if any(a.split("=", 1)[0].lstrip("+~") == "task" for a in argv):
+        return []
+    paths = [a.split("=", 1)[1] for a in argv if a.startswith("ckpt_path=")]
+    if len(paths) != 1 or "," in paths[0]:
+        return []
+    file = run_config_file(paths[0])
+    try:
+        name = None if file is None else OmegaConf.select(OmegaConf.load(file), "task.name")
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable: evaluate reports it in one line
+        return []
+    return [f"task={name}"] if isinstance(name, str) and name.isidentifier() else []
 
 
 def origin(path, ckpt: dict) -> dict[str, str]:

@@ -12,6 +12,7 @@ there is one. Written atomically: the sweep's report may be reading it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -57,6 +58,10 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str))  # the report may be reading it
 
 
+# a metric per bucket (test/loss@4/bucket2: lm's loss per position bucket): grids, not a row each
+_BUCKET = re.compile(r"^(.+)/bucket(\d+)$")
+
+
 def print_summary(title: str, record: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -64,11 +69,19 @@ def print_summary(title: str, record: dict) -> None:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    buckets: dict[str, dict[int, float]] = {}
     for k, v in sorted(record.get("metrics", {}).items()):
-        if k.startswith(("test/", "val/")):
+        if not k.startswith(("test/", "val/")):
+            continue
+        match = _BUCKET.match(k)
+        if match:
+            buckets.setdefault(match.group(1), {})[int(match.group(2))] = v
+        else:
             table.add_row(k, f"{v:.4f}")
     console = Console()
     console.print(table)
+    for grid in _bucket_grids(buckets):
+        console.print(grid)
     for key, layers in record.get("scheme_params", {}).items():
         for name, values in layers.items():
             console.print(f"{key}  {name}: {values}")
@@ -78,6 +91,28 @@ def print_summary(title: str, record: dict) -> None:
         console.print(f"W&B run ({mode}): {record['wandb_run']}  dir: {record['wandb_dir']}")
         if record.get("wandb_offline", True):  # every fragment of a resumed run, into one run
             console.print(f"  upload with: python -m attnlab.sync {record['run_dir']}")
+
+
+def _bucket_grids(buckets: dict[str, dict[int, float]]) -> list:
+    """A grid per metric family (test/loss@1, test/loss@2, ... -> test/loss): a row per bucket,
+    a column per `@` suffix (lm: per window length), narrow enough for any terminal."""
+    from rich.table import Table
+
+    families: dict[str, dict[str, dict[int, float]]] = {}
+    for name, row in buckets.items():
+        family, _, suffix = name.rpartition("@") if "@" in name else (name, "", "")
+        families.setdefault(family, {})[suffix] = row
+    grids = []
+    for family, columns in sorted(families.items()):
+        order = sorted(columns, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))
+        grid = Table(title=f"{family} per bucket", show_header=True, header_style="bold")
+        grid.add_column("bucket", justify="right")
+        for column in order:
+            grid.add_column(f"@{column}" if column else family, justify="right")
+        for b in range(max(max(row) for row in columns.values()) + 1):
+            grid.add_row(str(b), *(f"{columns[c][b]:.4g}" if b in columns[c] else "" for c in order))
+        grids.append(grid)
+    return grids
 
 
 def job_record(cfg: DictConfig, status: str, **extra) -> dict:

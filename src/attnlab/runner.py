@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -292,6 +293,37 @@ def run_job(fn, cfg: DictConfig) -> float | None:
 
 
 # ----------------------------------------------------------------------------- eval
+_TASK_REFERENCE = re.compile(r"\$\{task\.([\w.]+)\}")
+
+
+def apply_task_overrides(task_cfg: DictConfig, dotted: list[str], conf_dir: Path) -> DictConfig:
+    """eval.py's `task.*` overrides on a run's saved task config. That config was saved resolved,
+    so a node that read an overridden key when the run was built (`datamodule.eval_lengths:
+    ${task.eval_lengths}`) holds the run's value: every node that today's conf/task/<name>.yaml
+    fills from an overridden key takes its new value too (unless given itself)."""
+    merged = OmegaConf.merge(task_cfg, OmegaConf.from_dotlist([o[len("task."):] for o in dotted]))
+    given = {o[len("task."):].split("=", 1)[0] for o in dotted}
+    path = Path(conf_dir) / "task" / f"{merged.get('name')}.yaml"
+    today = OmegaConf.select(OmegaConf.load(path), "task") if path.is_file() else None
+    for key, source in _task_references(today):
+        if source in given and key not in given:
+            OmegaConf.update(merged, key, OmegaConf.select(merged, source), merge=False)
+    return merged
+
+
+def _task_references(node, prefix: str = ""):
+    """(key, task key it reads) of every value `${task.<key>}` under a task node."""
+    if not isinstance(node, DictConfig):
+        return
+    for name in node:
+        if OmegaConf.is_interpolation(node, name):
+            match = _TASK_REFERENCE.fullmatch(str(node._get_node(name)._value()))
+            if match:
+                yield f"{prefix}{name}", match.group(1)
+        else:
+            yield from _task_references(node.get(name), f"{prefix}{name}.")
+
+
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
@@ -312,9 +344,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if saved is not None and HydraConfig.initialized():  # dotted overrides of task.* still apply
         dotted = [o for o in HydraConfig.get().overrides.task if o.startswith("task.")]
         if dotted:
-            task_cfg = OmegaConf.merge(
-                task_cfg, OmegaConf.from_dotlist([o[len("task."):] for o in dotted])
-            )
+            task_cfg = apply_task_overrides(task_cfg, dotted, CONF_DIR)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # the module as the run built it (its config, the data's sizes), then the checkpoint's weights
     datamodule = hydra.utils.instantiate(task_cfg.datamodule)

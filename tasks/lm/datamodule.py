@@ -9,6 +9,9 @@ Batches are dicts of (B, L) tensors: `input_ids`, `target_ids` (the next tokens)
 (the targets to score: all of a training block; the new tokens of an evaluation window) and
 `padding_mask` (True = padding). The loss of a split is the mean over its scored targets, each
 token of the split exactly once.
+
+`task.eval_lengths` (`eval_lengths`): multiples m of block_size at which the test split is scored
+again, in consecutive windows of m * block_size tokens (`length_loader(m)`; tasks.lm.lengths).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
+from attnlab.config_schema import Rule
 from attnlab.errors import ConfigError, DataError
 from tasks.common import bert_assets, debian
 from tasks.common.cache import cache_path, load_arrays, save_arrays
@@ -41,7 +47,20 @@ VOCABS = ("word", "wordpiece")
 _ENCODE_CHUNK = 10_000  # segments per encode_batch call: bounded memory on Wikitext-103
 
 
+def _lengths_ok(value) -> bool:
+    """task.eval_lengths: null, or a non-empty list of integers >= 1."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return len(value) > 0 and all(isinstance(m, int) and not isinstance(m, bool) and m >= 1
+                                      for m in value)
+    return value is None
+
+
 class LMDataModule(SplitsDataModule):
+    # task.eval_lengths: config_schema reports a bad value under the key the user typed
+    option_rules: ClassVar[dict[str, Rule]] = {"eval_lengths": Rule(
+        _lengths_ok, "null or a non-empty list of integers >= 1 (multiples of task.data.block_size)",
+        "[1,2,4,8]")}
+
     # keyword-only; the defaults are conf/task/lm.yaml's, and what the run gives it (the data
     # folder, the cache, the seed) or the YAML alone decides has none (test_config_homes.py)
     def __init__(
@@ -56,6 +75,7 @@ class LMDataModule(SplitsDataModule):
         min_count: int = 1,
         block_size: int = 128,
         eval_stride: int | None,
+        eval_lengths: Sequence[int] | None = None,
         batch_size: int = 16,
         eval_batch_size: int | None,
         num_workers: int = 0,
@@ -88,6 +108,14 @@ class LMDataModule(SplitsDataModule):
                 f"task.data.block_size={block_size} must be >= 2 and task.eval_stride={eval_stride} "
                 f"in [1, block_size] (new tokens scored per evaluation window; null: block_size)"
             )
+        if not _lengths_ok(eval_lengths):
+            rule = self.option_rules["eval_lengths"]
+            given = (f"[{','.join(str(m) for m in eval_lengths)}]" if isinstance(eval_lengths, Sequence)
+                     and not isinstance(eval_lengths, str) else eval_lengths)
+            raise ConfigError(f"task.eval_lengths={given}: expected {rule.allowed}, e.g. "
+                              f"task.eval_lengths={rule.example}")
+        # each multiple once, shortest first (the order of the metrics, the plot's legend)
+        self.eval_lengths = sorted(set(eval_lengths)) if eval_lengths else []
         self.fractions = tuple(float(f) for f in fractions)
         self.debian_dir = Path(debian_dir)
         self.data_dir = Path(data_dir) if data_dir else None
@@ -244,6 +272,20 @@ class LMDataModule(SplitsDataModule):
         if self.trainer is not None and self.trainer.world_size > 1:  # every window once
             return EvaluationShards(windows, self.trainer.world_size, self.trainer.global_rank)
         return None
+
+    def length_loader(self, multiple: int) -> DataLoader:
+        """The test split in consecutive windows of `multiple` * block_size tokens, every token
+        scored once (`windows` with stride = window: the last window ends at the end of the text
+        and reaches back a whole window, its tokens scored by the window before being context
+        only), sharded over processes as val/test are (`eval_sampler`). Batches of
+        eval_batch_size // multiple windows (at least 1): the tokens of a batch, hence the
+        memory, stay those of a 1x batch."""
+        if not self.datasets:
+            self.setup()
+        windows = TokenWindows(self.streams["test"], self.eos_id, multiple * self.block_size)
+        return DataLoader(windows, batch_size=max(1, self.eval_batch_size // multiple),
+                          sampler=self.eval_sampler(windows), collate_fn=self.collate_fn,
+                          num_workers=self.num_workers)
 
 
 class _Lines:

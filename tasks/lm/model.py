@@ -5,7 +5,10 @@
   self-attention with the `model=` scheme. Query-normalized schemes (DNAS, HNAS, Sinkhorn) cannot
   be causal: the layers refuse them (and the runner refuses them before any work, `task.causal`).
 - Token embeddings scaled by sqrt(d) plus learned or sinusoidal positions, then dropout
-  (fairseq's TransformerDecoder); the output layer is tied to the input embeddings, plain
+  (fairseq's TransformerDecoder); or no positions at the input, with `positions=none` (causal
+  attention alone tells positions apart), `rope` or `alibi` (inside every self-attention:
+  attnlab.attention.positions). Learned positions stop at their table (`check_length` refuses
+  more); the others extrapolate. The output layer is tied to the input embeddings, plain
   (`TiedEmbedding`) or adaptive (`AdaptiveEmbedding`, fairseq's transformer_lm_wiki103).
 - Pre-LN (`norm_first=True`, with a final LayerNorm unless `final_norm=false`, as
   transformer_lm_wiki103 has none) or post-LN layers.
@@ -34,15 +37,19 @@ from attnlab.attention import (
     run_stack,
     step_stack,
 )
+from attnlab.attention.positions import ALIBI_MAX_POSITIONS
 from attnlab.errors import ConfigError
 from tasks.lm.embeddings import AdaptiveEmbedding, TiedEmbedding, sinusoidal_positions
 
-POSITIONS = ("learned", "sinusoidal")
+# added to the token embeddings (learned, sinusoidal) or acting inside attention (rope, alibi)
+POSITIONS = ("learned", "sinusoidal", "none", "rope", "alibi")
+EXTRAPOLATING = "none|sinusoidal|rope|alibi"
 
 
 class TransformerLM(nn.Module):
     """`attention`: the `model=` config, in every self-attention. `max_positions` (null: the
-    data's `block_size`) must cover the blocks."""
+    data's `block_size`) must cover the blocks: the learned table's size (the other `positions`
+    take any length)."""
 
     def __init__(
         self,
@@ -79,6 +86,8 @@ class TransformerLM(nn.Module):
         self.max_positions = int(max_positions or block_size or 512)
         if block_size is not None and self.max_positions < block_size:
             raise ConfigError(f"task.module.net.max_positions={self.max_positions} < task.data.block_size={block_size}")
+        self.positions = positions
+        self.block_size = block_size
         self.checkpoint = checkpoint
         cutoffs = [int(c) for c in adaptive_cutoffs or ()]
         if any(c >= vocab_size for c in cutoffs):  # a small vocabulary (fixtures, your own text)
@@ -91,17 +100,19 @@ class TransformerLM(nn.Module):
         else:
             self.embed = TiedEmbedding(vocab_size, d_model, pad_id)
         self.embed_scale = math.sqrt(d_model) if scale_embedding else 1.0
+        self.position = None
         if positions == "learned":
             self.position = nn.Embedding(self.max_positions, d_model)
             nn.init.normal_(self.position.weight, std=d_model**-0.5)
-        else:
+        elif positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_positions(self.max_positions, d_model), persistent=False)
-            self.position = None
+        inside = positions if positions in ("rope", "alibi") else "none"  # what attention does
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, spec=spec, activation=activation,
                                     norm_first=norm_first, layer_norm_eps=layer_norm_eps,
-                                    attn_dropout=attention_dropout, causal=True, layer_index=i)
+                                    attn_dropout=attention_dropout, causal=True, layer_index=i,
+                                    positions=inside)
             for i in range(num_layers)
         )
         # Pre-LN leaves the residual stream unnormalized: a final LayerNorm, unless told otherwise.
@@ -110,19 +121,37 @@ class TransformerLM(nn.Module):
 
     # -- the full pass ---------------------------------------------------------------------------
 
-    def _positions(self, start: int, length: int) -> Tensor:
-        if start + length > self.max_positions:
+    def check_length(self, length: int, asked_by: str) -> None:
+        """Raise a one-line ConfigError when the model cannot take `length` positions (learned:
+        beyond its table; alibi: beyond its 65,536); `asked_by` names what asked (e.g.
+        "task.eval_lengths=[8]")."""
+        if self.positions == "learned" and length > self.max_positions:
+            fits = (f"lengths <= {self.max_positions // self.block_size} ({self.max_positions} "
+                    f"positions)" if self.block_size else f"at most {self.max_positions} positions")
             raise ConfigError(
-                f"{start + length} positions needed but the model has {self.max_positions}; "
-                f"task.module.net.max_positions must be >= task.data.block_size (and cover generation)"
-            )
+                f"{asked_by} asks for {length} positions but positions=learned has a table of "
+                f"{self.max_positions} and learned positions do not extrapolate; use "
+                f"task.module.net.positions={EXTRAPOLATING}, or {fits}")
+        if self.positions == "alibi" and length > ALIBI_MAX_POSITIONS:
+            raise ConfigError(f"{asked_by} asks for {length} positions but positions=alibi takes at "
+                              f"most {ALIBI_MAX_POSITIONS}; use shorter windows or positions=rope|none")
+
+    def _positions(self, start: int, length: int) -> Tensor | None:
+        """The embeddings added at positions start .. start + length - 1 (None: none added)."""
+        self.check_length(start + length, "the input")
         if self.position is not None:
             return self.position.weight[start : start + length]
+        if self.positions != "sinusoidal":
+            return None
+        if start + length > self.sinusoid.shape[0]:  # computed past the table: they extrapolate
+            table = sinusoidal_positions(start + length, self.sinusoid.shape[1]).to(self.sinusoid)
+            return table[start:]
         return self.sinusoid[start : start + length]
 
     def embed_tokens(self, ids: Tensor, start: int = 0) -> Tensor:
-        x = self.embed(ids) * self.embed_scale + self._positions(start, ids.shape[1])
-        return self.dropout(x)
+        x = self.embed(ids) * self.embed_scale
+        positions = self._positions(start, ids.shape[1])
+        return self.dropout(x if positions is None else x + positions)
 
     def forward(self, input_ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Hidden states (B, L, D) of every position (each sees itself and the positions before).
@@ -153,7 +182,8 @@ class TransformerLM(nn.Module):
     def decode_step(self, token_ids: Tensor, cache: KVCache | PrefixCache) -> Tensor:
         """Hidden state (B, D) after feeding token_ids (B,) at the next position (eval mode).
 
-        Equals `forward(prefix)[:, -1]` for the prefix fed so far (tested)."""
+        Equals `forward(prefix)[:, -1]` for the prefix fed so far, for every `positions` (tested):
+        the step's position is the cache's length."""
         if isinstance(cache, PrefixCache):
             return self(cache.append(token_ids))[:, -1]
         x = self.embed_tokens(token_ids[:, None], start=cache.length)

@@ -10,6 +10,10 @@ self-attention uses the `model=` scheme in every layer (CODA Table 1; Repulsive 
   the papers report; with the Debian default's WordPiece it is per word piece.
 - `forward(batch)` returns the scored tokens' (logits (N, V), labels (N,)), which the Calibration
   callback reads (ECE over next-token predictions).
+- end of test, with `task.eval_lengths` (the datamodule's `eval_lengths`): the test split again in
+  windows of m x block_size tokens for each multiple m, loss per length and per position bucket
+  (`tasks.lm.lengths`) -> metrics and `length_generalization.png`. A model whose positions cannot
+  reach the longest window is refused when the run starts (`setup`), before it trains or tests.
 - end of test: greedy and top-k continuations of a few test prompts, with the KV-cached decoding
   of `tasks.common.decoding.sample` (cached keys/values; cascades carried row by row), into `predictions.txt`.
 """
@@ -26,8 +30,11 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from attnlab.attention import cacheable
+from attnlab.callbacks.after_test import analysis_progress
+from attnlab.loggers import LoggerAdapter
 from attnlab.task_module import TaskModule
 from tasks.common.decoding import sample
+from tasks.lm.lengths import PNG_NAME, LengthCurves
 from tasks.lm.model import TransformerLM
 
 
@@ -76,6 +83,15 @@ class LMModule(TaskModule):
         self.val_unigram = TokenNLL()
         self.test_unigram = TokenNLL()
         self._unigram_nll: Tensor | None = None
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        lengths = getattr(datamodule, "eval_lengths", None)
+        if lengths and stage in ("fit", "test"):
+            # before any training or test work: a learned table too small for the longest window
+            asked = "task.eval_lengths=[" + ",".join(str(m) for m in lengths) + "]"
+            self.net.check_length(max(lengths) * datamodule.block_size, asked)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -140,8 +156,47 @@ class LMModule(TaskModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_split("test", self.test_nll)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if getattr(datamodule, "eval_lengths", None):
+            self.evaluate_lengths(datamodule)
         if self.hparams.sample_prompts > 0 and self.trainer.is_global_zero:
             self.write_samples()
+
+    # -- lengths never trained at ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate_lengths(self, datamodule) -> LengthCurves:
+        """Score the test split at each of `datamodule.eval_lengths` (multiples of the training
+        block), as the test step scores a window (float32 log-probabilities under the run's
+        precision); log the metrics of `tasks.lm.lengths`, write the PNG (rank 0)."""
+        lengths, block = datamodule.eval_lengths, datamodule.block_size
+        curves = LengthCurves(lengths, block, self.device)
+        loaders = [(m, datamodule.length_loader(m)) for m in lengths]
+        # the bar names the length being scored: after a length's last batch, the next one's
+        bars = [f"test at {m}x ({m * block} tokens)" for m in lengths] + ["test at every length"]
+        with analysis_progress(self.trainer, bars[0], sum(len(loader) for _, loader in loaders)) as advance:
+            for i, (m, loader) in enumerate(loaders):
+                for k, batch in enumerate(loader):
+                    batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
+                    with self.trainer.precision_plugin.test_step_context():
+                        hidden = self.net(batch["input_ids"], batch["padding_mask"])
+                        scored = batch["score_mask"]
+                        # float32 -log p without the (N, V) logits where the output layer
+                        # allows (the adaptive softmax: most of a long window's cost otherwise)
+                        nll = self.net.nll(hidden[scored], batch["target_ids"][scored]).float()
+                    # windows start at column 0 of their rows: a token's column is its position
+                    curves.update(m, nll, batch["score_mask"].nonzero()[:, 1])
+                    advance(bars[i + 1] if k == len(loader) - 1 else bars[i])
+        curves.reduce(lambda t: self.trainer.strategy.reduce(t, reduce_op="sum"))
+        metrics = curves.metrics("test")
+        for name, value in metrics.items():
+            self.log(name, value)
+        if self.trainer.is_global_zero:
+            path = curves.write_png(Path(self.trainer.default_root_dir) / PNG_NAME)
+            LoggerAdapter(self.trainer).image("test/length_generalization", path)
+            losses = ", ".join(f"{m}x {metrics[f'test/loss@{m}']:.4f}" for m in lengths)
+            print(f"[lm] test loss by window length (trained at {block} tokens): {losses} -> {path}", flush=True)
+        return curves
 
     # -- samples -----------------------------------------------------------------------------
 
@@ -152,16 +207,19 @@ class LMModule(TaskModule):
         if datamodule is None or not hasattr(datamodule, "prompts"):
             print("[lm] no datamodule with prompts: samples skipped")
             return None
-        length = min(hp.prompt_length, self.net.max_positions - hp.sample_length)
-        prompts = datamodule.prompts("test", hp.sample_prompts, max(length, 1)).to(self.device)
+        # prompt + new tokens within the model's positions: at least one prompt token, then as many
+        # new tokens as fit (a block_size <= sample_length would otherwise fail the end of test)
+        new = min(hp.sample_length, self.net.max_positions - 1)
+        length = max(1, min(hp.prompt_length, self.net.max_positions - new))
+        prompts = datamodule.prompts("test", hp.sample_prompts, length).to(self.device)
         if prompts.numel() == 0:
             return None
-        greedy = sample(self.net, prompts, max_new_tokens=hp.sample_length)
+        greedy = sample(self.net, prompts, max_new_tokens=new)
         generator = torch.Generator(device=self.device).manual_seed(int(hp.sample_seed))
-        top_k = sample(self.net, prompts, max_new_tokens=hp.sample_length, top_k=hp.top_k,
+        top_k = sample(self.net, prompts, max_new_tokens=new, top_k=hp.top_k,
                        temperature=hp.temperature, generator=generator)
         decoding = "KV cache" if cacheable(self.net.layers, cascades=True) else "prefix re-run (this transform cannot be cached)"
-        header = (f"# {len(prompts)} test prompts of {prompts.shape[1] - 1} tokens, {hp.sample_length} new tokens "
+        header = (f"# {len(prompts)} test prompts of {prompts.shape[1] - 1} tokens, {new} new tokens "
                   f"each; greedy and top-{hp.top_k} (temperature {hp.temperature}, seed {hp.sample_seed}); "
                   f"decoding: {decoding}")
         blocks = [header]

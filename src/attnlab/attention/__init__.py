@@ -1,6 +1,7 @@
 """Attention schemes (UNAS, DNAS, HNAS, Sinkhorn, entmax, sigmoid, sink, softpick, SSMax,
 stick-breaking; CODA, RealFormer), the functional API,
-modules, layers, stacks, incremental decoding (KV caches) and recording.
+modules, layers, stacks, incremental decoding (KV caches), positions inside attention (RoPE,
+ALiBi) and recording.
 
 See docs/architecture.md for the contract of every public name.
 """
@@ -10,6 +11,7 @@ from attnlab.attention.gate import OutputGate
 from attnlab.attention.kv_cache import DecoderCache, KeyValues, KVCache, PrefixCache, cacheable
 from attnlab.attention.layers import StackCarry, TransformerDecoderLayer, TransformerEncoderLayer
 from attnlab.attention.mha import MultiHeadAttention, attention_modules
+from attnlab.attention.positions import AttentionPositions, alibi_slopes, rope
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.recording import record_attention
 from attnlab.attention.schemes import (
@@ -27,6 +29,7 @@ from attnlab.attention.stack import run_stack, step_stack
 from attnlab.attention.statistics import ColumnStats, column_sums
 
 __all__ = [
+    "AttentionPositions",
     "AttentionRecord",
     "AttentionSpec",
     "ColumnStats",
@@ -42,6 +45,7 @@ __all__ = [
     "StackCarry",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
+    "alibi_slopes",
     "attend",
     "attention_modules",
     "attention_weights",
@@ -52,6 +56,7 @@ __all__ = [
     "record_attention",
     "reference_attend",
     "register",
+    "rope",
     "run_stack",
     "scheme_parameters",
     "scheme_values",

@@ -43,7 +43,9 @@ def cacheable(layers: Sequence[nn.Module], cascades: bool = False) -> bool:
 
 
 class KeyValues:
-    """One attention's keys and values (B, H, t, d) of the positions decoded so far.
+    """One attention's keys and values (B, H, t, d) of the positions decoded so far, the keys
+    as the attention uses them (rotated by RoPE, or with ALiBi's features: d is then larger);
+    `length` is also the next position, which `MultiHeadAttention.step` gives its new key.
 
     They live in a buffer that doubles when full, so a step writes its new position instead of
     copying the whole past (torch.cat); `keys` / `values` are views of the filled part."""

@@ -83,7 +83,9 @@ class TransformerEncoderLayer(nn.Module):
     """Self-attention + feed-forward; `spec` chooses the attention scheme of this layer.
 
     `causal=True` makes the self-attention causal (a decoder-only stack, e.g. a language model):
-    the layer is then built as a decoder (query-normalized schemes are refused).
+    the layer is then built as a decoder (query-normalized schemes are refused). `positions`
+    (none | rope | alibi) acts inside its self-attention (`MultiHeadAttention`); `forward`'s
+    `start` is the position of x's first row (0 for a full pass; `step` takes the cache's).
     """
 
     def __init__(
@@ -99,13 +101,14 @@ class TransformerEncoderLayer(nn.Module):
         attn_dropout: float | None = None,
         causal: bool = False,
         layer_index: int = 0,
+        positions: str = "none",
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.causal = causal
         self.self_attn = MultiHeadAttention(
             d_model, nhead, spec=spec, dropout=dropout if attn_dropout is None else attn_dropout,
-            is_decoder=causal, layer_index=layer_index,
+            is_decoder=causal, layer_index=layer_index, positions=positions,
         )
         self.dropout1 = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -132,7 +135,8 @@ class TransformerEncoderLayer(nn.Module):
 
     def forward(self, x: Tensor | StackCarry, key_padding_mask: Tensor | None = None,
                 prev_logits: Logits = None, return_logits: bool = False,
-                query_padding_mask: Tensor | None = None, mask_cache: MaskCache | None = None):
+                query_padding_mask: Tensor | None = None, mask_cache: MaskCache | None = None,
+                start: int = 0):
         """`key_padding_mask` (B, S), True = padding: no query reads it, and it asks nothing
         (it stays out of DNAS column sums). `query_padding_mask` (B, S), given, replaces the
         second half: True = a position that asks nothing (its attention output is 0), False = a
@@ -145,7 +149,7 @@ class TransformerEncoderLayer(nn.Module):
         x, logits = self._blocks(x, lambda h: self.self_attn(
             h, key_padding_mask=key_padding_mask, query_padding_mask=queries,
             causal=self.causal, prev_logits=_pick(prev_logits, "self_attn"), return_logits=True,
-            mask_cache=mask_cache))
+            mask_cache=mask_cache, start=start))
         return (x, logits) if return_logits else x
 
     def step(self, x: Tensor, cache: KVCache, index: int, prev_logits: Logits = None,
@@ -165,7 +169,8 @@ class TransformerEncoderLayer(nn.Module):
 class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to `memory`, feed-forward. Both attentions are
     built with is_decoder=True, so a query-normalized `spec` (dnas/hnas/sinkhorn) is refused.
-    Self- and cross-attention form separate cascade stacks."""
+    Self- and cross-attention form separate cascade stacks. `positions` (none | rope | alibi)
+    acts inside the self-attention only (the source's positions are the encoder's)."""
 
     def __init__(
         self,
@@ -179,12 +184,13 @@ class TransformerDecoderLayer(nn.Module):
         layer_norm_eps: float = 1e-12,
         attn_dropout: float | None = None,
         layer_index: int = 0,
+        positions: str = "none",
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         p_attn = dropout if attn_dropout is None else attn_dropout
         self.self_attn = MultiHeadAttention(d_model, nhead, spec=spec, dropout=p_attn, is_decoder=True,
-                                            layer_index=layer_index)
+                                            layer_index=layer_index, positions=positions)
         self.cross_attn = MultiHeadAttention(d_model, nhead, spec=spec, dropout=p_attn, is_decoder=True,
                                              layer_index=layer_index)
         self.cross_attn.role = "cross"
@@ -227,13 +233,14 @@ class TransformerDecoderLayer(nn.Module):
         prev_logits: Logits = None,
         return_logits: bool = False,
         mask_cache: MaskCache | None = None,
+        start: int = 0,
     ):
         x, logits = self._blocks(
             x,
             lambda h: self.self_attn(h, key_padding_mask=tgt_key_padding_mask,
                                      query_padding_mask=tgt_key_padding_mask, causal=True,
                                      prev_logits=_pick(prev_logits, "self_attn"), return_logits=True,
-                                     mask_cache=mask_cache),
+                                     mask_cache=mask_cache, start=start),
             lambda h: self.cross_attn(h, memory, key_padding_mask=memory_key_padding_mask,
                                       query_padding_mask=tgt_key_padding_mask,
                                       prev_logits=_pick(prev_logits, "cross_attn"), return_logits=True,

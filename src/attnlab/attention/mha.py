@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.gate import OutputGate
+from attnlab.attention.positions import SCHEMES as POSITIONS
+from attnlab.attention.positions import AttentionPositions
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.schemes import Attended, Heads, module_name
 from attnlab.attention.spec import AttentionSpec
@@ -42,6 +44,12 @@ class MultiHeadAttention(nn.Module):
 
     Attention dropout (training only) drops the attention weights: inside the fused kernels for
     unas/dnas/hnas (CPU C++, CUDA Triton/SDPA), on the materialized reference for the others.
+
+    `positions` (none | rope | alibi; attnlab.attention.positions) acts on q and k after the
+    heads are split, at positions `start`, `start` + 1, ... given with each call (`forward`'s
+    `start`, 0 for a full pass; `step`: the cache's length before the new position): keys are
+    rotated / given their ALiBi features before they enter a cache. ALiBi biases causal
+    self-attention only (a non-causal call is refused).
     """
 
     def __init__(
@@ -56,9 +64,14 @@ class MultiHeadAttention(nn.Module):
         is_decoder: bool = False,
         project_values: bool = True,
         layer_index: int = 0,
+        positions: str = "none",
     ) -> None:
         super().__init__()
         self.spec = AttentionSpec.from_config(spec)
+        if positions not in POSITIONS:
+            raise ConfigError(f"MultiHeadAttention(positions={positions!r}); use one of "
+                              f"{', '.join(POSITIONS)} (learned / sinusoidal positions are a model's "
+                              f"embeddings, added before the layers)")
         if is_decoder and self.spec.normalizes_over_queries:
             raise ConfigError(
                 f"attention normalization {self.spec.normalization!r} cannot be used in a decoder: "
@@ -102,6 +115,7 @@ class MultiHeadAttention(nn.Module):
         # where there is one (VQA's fusion and classify's hops have none: it gates what they return)
         self.gate = (OutputGate(self.spec.gate, embed_dim, num_heads, self.out_dim // num_heads, bias)
                      if self.spec.gate is not None else None)
+        self.positions = AttentionPositions(positions, num_heads, self._query_key_groups(positions))
         # the role (encoder | decoder | cross) lets training rules pick stacks
         self.role = "decoder" if is_decoder else "encoder"
         self._recorders: list = []  # open record_attention handles (attention/recording.py)
@@ -110,6 +124,25 @@ class MultiHeadAttention(nn.Module):
     def scheme(self) -> str:
         return self.spec.scheme
 
+    def _query_key_groups(self, positions: str) -> int:
+        """How many q.k products one head's features form (positions act on each): 1, or what a
+        head scheme declares (diff v1: its two halves). A head scheme that declares nothing, or
+        projects queries of its own (which the positions cannot reach), is refused."""
+        scheme = self.head_scheme
+        if positions == "none" or scheme is None:
+            return 1
+        if scheme.needs_query:
+            raise ConfigError(f"model={scheme.name} (as configured) projects queries of its own, which "
+                              f"positions={positions} cannot rotate or bias; use "
+                              f"positions=learned|sinusoidal|none with it")
+        groups = getattr(scheme, "query_key_groups", None)
+        if groups is None:
+            raise ConfigError(f"model={scheme.name} forms its heads' q.k products itself without saying "
+                              f"how its features group into them (query_key_groups), so "
+                              f"positions={positions} cannot act on them; use "
+                              f"positions=learned|sinusoidal|none with it")
+        return int(groups)
+
     def _split(self, x: Tensor) -> Tensor:
         b, s, e = x.shape
         return x.view(b, s, self.num_heads, e // self.num_heads).transpose(1, 2)
@@ -117,10 +150,12 @@ class MultiHeadAttention(nn.Module):
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
                 causal: bool = False, prev_logits: Tensor | None = None, return_logits: bool = False,
-                mask_cache: MaskCache | None = None) -> Tensor | tuple[Tensor, Tensor | None]:
+                mask_cache: MaskCache | None = None, start: int = 0
+                ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Output (B, S_q, out_dim); with return_logits, also the logits this module passes on to
         the next layer of its cascade stack (None unless its scheme cascades). `mask_cache`: the
-        FlexAttention block masks of this forward of the stack (`run_stack` passes one)."""
+        FlexAttention block masks of this forward of the stack (`run_stack` passes one). `start`:
+        the position of the first query and the first key (for `positions`)."""
         if key is None:  # self-attention
             key = query
             value = query if value is None else value
@@ -131,25 +166,31 @@ class MultiHeadAttention(nn.Module):
                 f"MultiHeadAttention takes batch-first (B, S, E) tensors, got query "
                 f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
             )
-        keys, values = self.keys_values(key, value)
+        if self.positions.scheme == "alibi" and not causal:
+            raise ConfigError("positions=alibi biases causal self-attention (-m (i - j) for keys "
+                              "j <= i); this call is not causal: use positions=rope|none here")
+        keys, values = self.keys_values(key, value, start)
         out, logits = self.attend_to(query, keys, values, key_padding_mask, query_padding_mask, causal,
-                                     prev_logits, mask_cache)
+                                     prev_logits, mask_cache, start)
         return (out, logits) if return_logits else out
 
-    def keys_values(self, key: Tensor, value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def keys_values(self, key: Tensor, value: Tensor | None = None, start: int = 0
+                    ) -> tuple[Tensor, Tensor]:
         """The projected, split keys and values (B, H, S_k, d) of key (and value, default key)
-        (B, S_k, E): what a cache keeps."""
+        (B, S_k, E), the keys at positions start, start + 1, ... (rotated, or with their ALiBi
+        features: d grows): what a cache keeps."""
         value = key if value is None else value
         projected = self.v_proj(value) if self.v_proj is not None else value
-        return self._split(self.k_proj(key)), self._split(projected)
+        return self.positions.key(self._split(self.k_proj(key)), start), self._split(projected)
 
     def attend_to(self, query: Tensor, keys: Tensor, values: Tensor,
                   key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
                   causal: bool = False, prev_logits: Tensor | None = None,
-                  mask_cache: MaskCache | None = None) -> tuple[Tensor, Tensor | None]:
-        """query (B, S_q, E) attending to projected keys/values (`keys_values`): the output
-        (B, S_q, out_dim) and the logits passed on in a cascade (or None)."""
-        q = self._split(self.q_proj(query))
+                  mask_cache: MaskCache | None = None, start: int = 0) -> tuple[Tensor, Tensor | None]:
+        """query (B, S_q, E) at positions start, start + 1, ... attending to projected keys/values
+        (`keys_values`): the output (B, S_q, out_dim) and the logits passed on in a cascade (or
+        None)."""
+        q = self.positions.query(self._split(self.q_proj(query)), start)
         out, logits = self.attend_heads(q, keys, values, key_padding_mask, query_padding_mask, causal,
                                         prev_logits, query=query, mask_cache=mask_cache)
         if self.gate is not None:
@@ -215,9 +256,11 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[1] != 1:
             raise ValueError(f"an incremental step takes the newest position only, (B, 1, E); got "
                              f"{tuple(x.shape)}: feed a prefix one position per step")
-        keys, values = cache.append(*self.keys_values(x))
+        position = cache.length  # the newest position's (explicit: the cache's length, not a hook's)
+        keys, values = cache.append(*self.keys_values(x, start=position))
         # The newest position may see every cached one: causality holds without a mask.
-        return self.attend_to(x, keys, values, prev_logits=prev_logits, mask_cache=mask_cache)
+        return self.attend_to(x, keys, values, prev_logits=prev_logits, mask_cache=mask_cache,
+                              start=position)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for old, new in _RENAMED.items():

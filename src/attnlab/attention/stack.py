@@ -3,6 +3,7 @@
     x = run_stack(self.layers, x, key_padding_mask)                  # encoder layers
     y = run_stack(self.decoder_layers, y, memory, tgt_mask, mem_mask) # decoder layers
     x = run_stack(self.layers, x, mask, checkpoint=True)             # activation checkpointing
+    x = run_stack(self.layers, x, mask, start=s)                     # rows at positions s, s + 1, ...
     y = step_stack(self.layers, y_new, cache)                        # one new position, cached
 
 Each layer returns its output and the logits its attentions pass on (CODA, RealFormer); the
@@ -18,7 +19,9 @@ makes one per step (the decoder's cross-attention masks the source's padding at 
 
 `step_stack` is the incremental form: the newest position (B, 1, D) through each layer's `step`
 with the keys/values of the earlier ones in a cache (attnlab.attention.kv_cache); the newest
-position's row of cascade logits goes from layer to layer the same way.
+position's row of cascade logits goes from layer to layer the same way. Positions inside
+attention (RoPE, ALiBi: attnlab.attention.positions) travel explicitly too: `run_stack`'s
+`start` (default 0) goes to every layer; a step's position is its cache's length.
 """
 
 from __future__ import annotations
