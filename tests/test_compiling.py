@@ -188,7 +188,7 @@ def test_probe_token_shift_as_compiled_equals_its_convolution(monkeypatch):
 
     torch.manual_seed(0)
     net = ProbeEncoder(5, 16, vocab_size=10, attention="unas", num_layers=0, d_model=8, nhead=2,
-                       dim_feedforward=128)
+                       dim_feedforward=128, positions="learned")
     x = torch.randn(3, 11, 8, requires_grad=True)
     eager = net._token_shift(x)
     (grad_eager,) = torch.autograd.grad(eager.square().sum(), x)

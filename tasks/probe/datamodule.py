@@ -17,6 +17,18 @@ that gives `shortcut_features` instead (clusters' moments), a multinomial logist
 fitted on the training rows (scikit-learn) and scored on the split. A probe whose schemes do not
 beat it does not test its mechanism (attnlab.compare says so).
 
+`test_options` (`probe.test_options`, e.g. {num_objects: [8, 16, 32]}) adds test sets that differ
+from the training data only in those generator options: every combination of the listed values
+(two options form a grid, in the order given) is a test cell, `n_test` rows drawn by the generator
+with the probe's options and the cell's on top, from a seed of its own (`cell_seed`: the data seed
+and the cell's name), so train, val and the ordinary test split are exactly what they are without
+`test_options`. A cell is named `<option>=<value>[,<option>=<value>]` (`cell_name`); its trivial
+baseline is the chance theory or the training split's majority class, its shortcut the
+generator's rule on the cell's rows (a fitted shortcut is not refitted per cell: none).
+`test_cell_batches(name)` gives a cell's batches, `eval_batch_size` * the training length tokens
+each, so that longer cells fit where the ordinary test split does. Options that are not the
+generator's are refused in one line listing those that are.
+
 A batch is a dict: `inputs` (B, L) long ids or (B, L, d) float points, `targets` (B,) or (B, L)
 long (IGNORE = -100 where nothing is asked), `padding_mask` (B, L) bool, True at padding; and,
 where the probe has them (tasks/probe/data.py), `aux_targets` (B, L) (trained, never scored),
@@ -27,9 +39,14 @@ each answer must be read from: the attention weight the mechanism puts there).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+import itertools
+import zlib
+from collections.abc import Iterator, Mapping
 
+import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from attnlab.errors import ConfigError
@@ -100,6 +117,35 @@ def split_shortcut(data: ProbeData, train: slice, rows: slice) -> float | None:
     return score(data.target_kind, guesses, data.targets[rows])
 
 
+def cell_name(cell: Mapping) -> str:
+    """A test cell's name, `<option>=<value>[,<option>=<value>]` in the order of test_options: the
+    suffix of its metrics (`test/acc@length=512,depth=0.25`)."""
+    return ",".join(f"{key}={value}" for key, value in cell.items())
+
+
+def test_cells(test_options: Mapping | None) -> list[dict]:
+    """Every combination of the listed values (a scalar is a list of one), first option slowest."""
+    grid = {str(k): list(v) if isinstance(v, (list, tuple)) else [v]
+            for k, v in (test_options or {}).items()}
+    if not grid:
+        return []
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def cell_seed(data_seed: int, name: str) -> int:
+    """A cell's data seed: a function of the run's data seed and the cell's name, apart from the
+    seed of the training draw and of every other cell."""
+    return int(np.random.SeedSequence([int(data_seed) % 2**32, zlib.crc32(name.encode())])
+               .generate_state(1)[0])
+
+
+def generator_options(probe: str) -> list[str]:
+    """The options `generate(n, seed, **options)` of `probe` takes by name."""
+    parameters = inspect.signature(generator(probe)).parameters
+    return [name for name, p in parameters.items() if name not in ("n", "seed")
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 class ProbeDataModule(SplitsDataModule):
     def __init__(
         self,
@@ -116,11 +162,29 @@ class ProbeDataModule(SplitsDataModule):
         eval_batch_size: int | None = 256,
         num_workers: int = 0,
         seed: int | None,
+        test_options: Mapping | None,
     ) -> None:
         super().__init__(batch_as_is, batch_size, eval_batch_size, num_workers, seed)
         generator(probe)  # a name no generator module has: a ConfigError listing them
         self.probe = probe
         self.options = dict(options or {})
+        if OmegaConf.is_config(test_options):
+            test_options = OmegaConf.to_container(test_options, resolve=True)
+        if not isinstance(test_options, Mapping | None):
+            raise ConfigError(f"probe.test_options={test_options!r} is not a mapping; give "
+                              f"{{<option>: [<values>]}}, e.g. {{num_objects: [8, 16]}}")
+        # a key set to null drops it (an override merges into the probe's own test_options)
+        self.test_options = {str(k): v for k, v in (test_options or {}).items() if v is not None}
+        known = generator_options(probe)
+        unknown = [k for k in self.test_options if k not in known]
+        if unknown:
+            raise ConfigError(f"probe.test_options: {', '.join(unknown)} is not an option of the "
+                              f"{probe} generator; use one of {', '.join(known)}")
+        empty = [k for k, v in self.test_options.items() if isinstance(v, (list, tuple)) and not v]
+        if empty:
+            raise ConfigError(f"probe.test_options.{empty[0]} lists no value; give at least one")
+        self.cells = {cell_name(c): c for c in test_cells(self.test_options)}
+        self.cell_splits: dict[str, ProbeSplit] = {}
         self.sizes = {"train": int(n_train), "val": int(n_val), "test": int(n_test)}
         for split, n in self.sizes.items():
             if n < 1:
@@ -151,6 +215,43 @@ class ProbeDataModule(SplitsDataModule):
         shortcuts = {split: split_shortcut(self.data, rows["train"], rows[split])
                      for split in ("val", "test")}
         self.shortcuts = {split: value for split, value in shortcuts.items() if value is not None}
+        for name, cell in self.cells.items():
+            self._setup_cell(name, cell, rows["train"])
+
+    def _setup_cell(self, name: str, cell: dict, train: slice) -> None:
+        """Draw a test cell: `n_test` rows, the probe's options with the cell's on top."""
+        try:
+            data = generator(self.probe)(self.sizes["test"], cell_seed(self.data_seed, name),
+                                         **{**self.options, **cell})
+        except (TypeError, ValueError) as err:  # an impossible value: the user's
+            raise ConfigError(f"probe.test_options cell {name} of {self.probe}: {err}") from None
+        if data.num_classes != self.data.num_classes or data.vocab_size > self.data.vocab_size:
+            raise ConfigError(
+                f"probe.test_options cell {name} of {self.probe} has {data.num_classes} classes "
+                f"and {data.vocab_size} token ids, but the network is trained on "
+                f"{self.data.num_classes} and {self.data.vocab_size}; test only options that "
+                f"keep the answers and the vocabulary (sizes, lengths, positions)")
+        self.cell_splits[name] = ProbeSplit(data, slice(None))
+        if self.data.baseline.name == "majority":  # the training split's majority class
+            asked = self.data.targets[train][self.data.targets[train] != IGNORE]
+            majority = torch.full_like(data.targets, int(torch.bincount(asked).argmax()))
+            guesses = torch.where(data.targets == IGNORE, data.targets, majority)
+            self.baselines[f"test@{name}"] = score(data.target_kind, guesses, data.targets)
+        else:
+            self.baselines[f"test@{name}"] = split_baseline(data, slice(None), slice(None))
+        if data.shortcut is not None:
+            self.shortcuts[f"test@{name}"] = score(data.target_kind, data.shortcut.predictions,
+                                                   data.targets)
+
+    def test_cell_batches(self, name: str) -> Iterator[dict[str, Tensor]]:
+        """A test cell's batches in its order: eval_batch_size * the training length tokens each
+        (at least one row), so a cell 8x longer runs 8x fewer rows at a time."""
+        self.setup()
+        split = self.cell_splits[name]
+        length = int(split.inputs.shape[1])
+        rows = max(1, self.eval_batch_size * int(self.data.inputs.shape[1]) // length)
+        for start in range(0, len(split), rows):
+            yield split.__getitems__(list(range(start, min(start + rows, len(split)))))
 
     def split_data(self, split: str) -> ProbeSplit:
         self.setup()
@@ -170,4 +271,10 @@ class ProbeDataModule(SplitsDataModule):
             "baselines": dict(self.baselines),
             "baseline_name": data.baseline.name,
             "shortcuts": dict(self.shortcuts),
+            # probe.test_options: the grid (the module names the cells as cell_name does) and
+            # the longest cell's length (the network must take it)
+            "test_grid": {k: list(v) if isinstance(v, (list, tuple)) else [v]
+                          for k, v in self.test_options.items()},
+            "test_length": max([int(s.inputs.shape[1]) for s in self.cell_splits.values()],
+                               default=0),
         }

@@ -17,15 +17,24 @@ the share of test sequences where two heads' largest attention weight from posit
 first layer falls on the same slot (redundant heads); with read_at (unmatched key, hub key,
 assignment), `test/target_mass`: the first layer's attention weight, mean over heads and asked
 answers, on the entry each answer must be read from (did the mechanism engage: DNAS's CLS on the
-unmatched key). `forward(batch)` returns the asked answers' logits and labels, which the
+unmatched key). With `probe.test_options` (tasks/probe/datamodule.py) each test cell is scored at
+the end of the test epoch, on every rank in full (the cells are small; no sync needed), under the
+keys `test/<metric>@<cell>` for acc, seq_acc, answers, loss, target_mass (where the probe has
+read_at), baseline_acc and shortcut_acc (e.g. `test/acc@length=512,depth=0.25`), and their grid
+is drawn as `test_options.png` in the run dir: a heat map of accuracy for two options (the first
+across, the second down), accuracy and target mass against the value for one (none for more).
+The network must take the longest cell: a learned position table that is too short is refused in
+one line when the module is built. `forward(batch)` returns the asked answers' logits and labels, which the
 calibration callback reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
@@ -36,6 +45,7 @@ from attnlab.attention import attention_modules, record_attention
 from attnlab.errors import ConfigError
 from attnlab.task_module import TaskModule
 from tasks.probe.data import IGNORE, SEQUENCE_CLASS, TOKEN_CLASS
+from tasks.probe.datamodule import cell_name, test_cells
 from tasks.probe.network import ProbeEncoder
 
 STAGES = ("val", "test")
@@ -76,10 +86,16 @@ class ProbeModule(TaskModule):
         baselines: Mapping[str, float] | None = None,
         baseline_name: str = "chance",
         shortcuts: Mapping[str, float] | None = None,
+        test_grid: Mapping[str, list] | None = None,
+        test_length: int = 0,
     ) -> None:
         super().__init__(net, optimizer, scheduler)
         if target_kind not in (SEQUENCE_CLASS, TOKEN_CLASS):
             raise ConfigError(f"a probe run trains a class target, not {target_kind!r}")
+        self.test_grid = {str(k): list(v) for k, v in (test_grid or {}).items()}
+        if self.test_grid and hasattr(net, "check_length"):  # before any training, not after
+            shown = ",".join(f"{k}:[{','.join(map(str, v))}]" for k, v in self.test_grid.items())
+            net.check_length(int(test_length), f"probe.test_options={{{shown}}}")
         self.target_kind = target_kind
         self.baselines = dict(baselines or {})
         self.shortcuts = dict(shortcuts or {})
@@ -184,3 +200,103 @@ class ProbeModule(TaskModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_constants("test")
+        if not self.test_grid:
+            return
+        datamodule = self.trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "test_cell_batches"):
+            raise RuntimeError("probe.test_options: test with the probe's datamodule "
+                               "(trainer.test(module, datamodule=...)), which draws the cells")
+        table = {}
+        for cell in test_cells(self.test_grid):
+            name = cell_name(cell)
+            table[name] = self._score_cell(datamodule.test_cell_batches(name))
+            table[name]["baseline_acc"] = datamodule.baselines.get(f"test@{name}")
+            table[name]["shortcut_acc"] = datamodule.shortcuts.get(f"test@{name}")
+            for metric, value in table[name].items():
+                if value is not None:
+                    self.log(f"test/{metric}@{name}", float(value))
+        if self.trainer.is_global_zero:
+            write_grid_png(Path(self.trainer.default_root_dir) / GRID_PNG, self.test_grid, table)
+
+    @torch.no_grad()
+    def _score_cell(self, batches) -> dict[str, float | None]:
+        """A test cell's accuracy, sequence accuracy, answers, loss and (with read_at) target
+        mass, over its asked answers as the test split's are; no metric state is touched."""
+        right = sequences = seq_right = 0
+        loss = mass = 0.0
+        answers = masses = 0
+        first = attention_modules(self.net)[0][1]
+        for batch in batches:
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            with self.trainer.precision_plugin.forward_context():
+                if "read_at" in batch:
+                    with record_attention([first]) as recorder:
+                        logits, labels = self(batch)
+                    weights = next(iter(recorder.records.values())).weights
+                    cell_mass = target_mass(weights, batch["read_at"])
+                    mass += float(cell_mass.double().sum())
+                    masses += int(cell_mass.numel())
+                else:
+                    logits, labels = self(batch)
+            hit = logits.argmax(-1) == labels
+            right += int(hit.sum())
+            answers += int(labels.numel())
+            loss += float(F.cross_entropy(logits.float(), labels, reduction="sum"))
+            if self.target_kind == TOKEN_CLASS:
+                asked = batch["targets"] != IGNORE
+                wrong = torch.zeros_like(asked)
+                wrong[asked] = ~hit
+                hit = ~wrong.any(dim=1)
+            seq_right += int(hit.sum())
+            sequences += int(hit.numel())
+        return {"acc": right / answers, "seq_acc": seq_right / sequences, "answers": answers,
+                "loss": loss / answers, "target_mass": mass / masses if masses else None}
+
+
+GRID_PNG = "test_options.png"
+
+
+def write_grid_png(path: Path, grid: Mapping[str, list], table: Mapping[str, Mapping]) -> Path | None:
+    """The test cells' accuracy: a heat map for two options (first across, second down, each
+    cell's accuracy written in it), a curve of accuracy and target mass for one; None for more."""
+    if len(grid) not in (1, 2):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.figures import save_png
+
+    keys = list(grid)
+    if len(keys) == 1:
+        (key,) = keys
+        values = grid[key]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        xs = range(len(values))
+        ax.plot(xs, [table[cell_name({key: v})]["acc"] for v in values], "o-", label="accuracy")
+        mass = [table[cell_name({key: v})]["target_mass"] for v in values]
+        if all(m is not None for m in mass):
+            ax.plot(xs, mass, "s--", label="target mass")
+        ax.set_xticks(list(xs), [str(v) for v in values])
+        ax.set_xlabel(f"test {key}")
+        ax.set_ylim(0, 1.02)
+        ax.legend()
+    else:
+        across, down = keys
+        acc = np.array([[table[cell_name({across: a, down: d})]["acc"] for a in grid[across]]
+                        for d in grid[down]])
+        fig, ax = plt.subplots(figsize=(1.2 * len(grid[across]) + 2, 0.6 * len(grid[down]) + 1.5))
+        image = ax.imshow(acc, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for i in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center",
+                        color="white" if acc[i, j] < 0.6 else "black", fontsize=8)
+        ax.set_xticks(range(len(grid[across])), [str(v) for v in grid[across]])
+        ax.set_yticks(range(len(grid[down])), [str(v) for v in grid[down]])
+        ax.set_xlabel(f"test {across}")
+        ax.set_ylabel(f"test {down}")
+        fig.colorbar(image, ax=ax, label="accuracy")
+    ax.set_title("test accuracy per test cell")
+    fig.tight_layout()
+    return save_png(fig, path)

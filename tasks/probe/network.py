@@ -1,6 +1,8 @@
 """`ProbeEncoder`: a small bidirectional Transformer encoder, the `model=` scheme in every layer.
 
-Token probes embed ids (token 0 = padding) plus learned positions, then (`token_shift`) mix each
+Token probes embed ids (token 0 = padding) plus positions (`positions`: learned, a table of the
+training length that cannot extrapolate; sinusoidal, computed for any length; none: order only
+from the token shift below, which is what lets a probe trained short be tested long), then (`token_shift`) mix each
 token with its two neighbours by a width-3 convolution, as Zoology's and H3's short convolutions
 do: a value is bound to the key or marker just before it before any attention, so what attention
 must learn is the retrieval the probes are about, and recall is learned in a few hundred steps
@@ -14,11 +16,26 @@ logits at every position (B, L, num_classes).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention import AttentionSpec, TransformerEncoderLayer, run_stack
 from attnlab.errors import ConfigError
+
+POSITIONS = ("learned", "sinusoidal", "none")
+
+
+def sinusoidal(length: int, d_model: int) -> Tensor:
+    """(length, d_model) the Transformer's fixed positions: sin at even features, cos at odd,
+    wavelengths 2 pi * 10000^(2i / d_model) (Vaswani et al. 2017), for any length."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate[: d_model // 2])
+    return table
 
 
 class ProbeEncoder(nn.Module):
@@ -37,10 +54,15 @@ class ProbeEncoder(nn.Module):
         nhead: int,
         num_layers: int,
         dim_feedforward: int,
+        positions: str,
         dropout: float = 0.0,
         token_shift: bool = True,
     ) -> None:
         super().__init__()
+        if positions not in POSITIONS:
+            raise ConfigError(f"task.module.net.positions={positions!r} is not a probe network's "
+                              f"positions; use one of {', '.join(POSITIONS)}")
+        self.positions = positions
         if (vocab_size > 0) == (input_dim > 0):
             raise ConfigError(f"a probe network takes tokens (vocab_size={vocab_size}) or points "
                               f"(input_dim={input_dim}), exactly one; the probe's data gives it")
@@ -52,7 +74,8 @@ class ProbeEncoder(nn.Module):
             self.position = None
         else:
             self.embed = nn.Embedding(vocab_size, d_model, padding_idx=0)
-            self.position = nn.Parameter(torch.randn(seq_len, d_model) * d_model**-0.5)
+            self.position = (nn.Parameter(torch.randn(seq_len, d_model) * d_model**-0.5)
+                             if positions == "learned" else None)
         # each token's neighbours mixed in before attention (a width-3 convolution)
         self.shift = nn.Conv1d(d_model, d_model, 3, padding=1) if token_shift and not self.points else None
         self.layers = nn.ModuleList(
@@ -73,7 +96,11 @@ class ProbeEncoder(nn.Module):
             x = torch.cat([self.cls.expand(x.shape[0], 1, -1), x], dim=1)
             padding_mask = torch.cat([padding_mask.new_zeros(x.shape[0], 1), padding_mask], dim=1)
         else:
-            x = self.embed(inputs) + self.position[: inputs.shape[1]]
+            x = self.embed(inputs)
+            if self.positions == "learned":
+                x = x + self.position[: inputs.shape[1]]
+            elif self.positions == "sinusoidal":
+                x = x + sinusoidal(inputs.shape[1], x.shape[-1]).to(x)
             if self.shift is not None:
                 x = x.masked_fill(padding_mask[..., None], 0.0)
                 x = x + self._token_shift(x)
@@ -85,6 +112,16 @@ class ProbeEncoder(nn.Module):
         keys = padding_mask if query_only is None else padding_mask | query_only
         queries = padding_mask if key_only is None else padding_mask | key_only
         return self.head(self.norm(run_stack(self.layers, x, keys, query_padding_mask=queries)))
+
+    def check_length(self, length: int, asked_by: str) -> None:
+        """A one-line ConfigError when this network cannot take sequences of `length` tokens
+        (`asked_by` names the option that asks): a learned table ends at the training length."""
+        if self.position is not None and length > self.position.shape[0]:
+            raise ConfigError(
+                f"{asked_by} asks for {length} positions but task.module.net.positions=learned has "
+                f"a table of {self.position.shape[0]} and learned positions do not extrapolate; "
+                f"use task.module.net.positions=none|sinusoidal, or test lengths <= "
+                f"{self.position.shape[0]}")
 
     def _token_shift(self, x: Tensor) -> Tensor:
         """`self.shift` (a width-3 Conv1d, padding 1) on x (B, L, d). Compiled, the same sum as a

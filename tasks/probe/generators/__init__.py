@@ -8,6 +8,8 @@
     unmatched   the one object of a list that another lacks: explaining away (DNAS)
     hub         many queries asking one key: the cost of normalizing over queries
     assignment  queries matched with keys by rank: the 1-D optimal transport plan (Sinkhorn)
+    needle      long-context retrieval after RULER: single / multi-key / multi-value needles,
+                variable tracking, at a set length and needle depth
 
 Every module of this package is imported here and its `generate` is `GENERATORS[<module name>]`,
 the name a conf/probe/<name>.yaml gives as `generator:`; so a new generator is one file in this

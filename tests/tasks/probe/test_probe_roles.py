@@ -43,7 +43,8 @@ def encoder(scheme: str, layers: int = 1, shift: bool = False, **kw) -> ProbeEnc
     before any attention), so that what a position reads is what attention gives it."""
     torch.manual_seed(0)
     return ProbeEncoder(5, L, vocab_size=12, attention=scheme, d_model=16, nhead=2,
-                        num_layers=layers, dim_feedforward=32, token_shift=shift, **kw).eval()
+                        num_layers=layers, dim_feedforward=32, token_shift=shift, positions="learned",
+                        **kw).eval()
 
 
 def changed_positions(a: torch.Tensor, b: torch.Tensor) -> list[int]:
@@ -164,7 +165,7 @@ def hub_zipf(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("hub", {"num_pairs": 6, "num_queries": 4, "key_vocab": 8,
                                  "value_vocab": 8, "popularity": "zipf", "ask_every_key": True},
                          **{"n_train": 64, "n_val": 32, "n_test": 32, "batch_size": 16,
-                            "data_seed": 0, "seed": None, **sizes})
+                            "data_seed": 0, "seed": None, "test_options": None, **sizes})
     dm.setup()
     return dm
 
@@ -180,7 +181,7 @@ def test_padding_with_roles_stays_finite_and_unread(scheme, one_thread):
     assert data["padding_mask"].any() and (~data["padding_mask"]).all(1).sum() < 64
     torch.manual_seed(0)
     net = ProbeEncoder(8, data["inputs"].shape[1], vocab_size=dm.data.vocab_size, attention=scheme,
-                       d_model=16, nhead=2, num_layers=2, dim_feedforward=32)
+                       d_model=16, nhead=2, num_layers=2, dim_feedforward=32, positions="learned")
     args = (data["padding_mask"], data["key_only"], data["query_only"])
     logits = net(data["inputs"], *args)
     assert torch.isfinite(logits).all()
@@ -212,7 +213,7 @@ def module_for(dm: ProbeDataModule, scheme: str = "unas", layers: int = 1,
     torch.manual_seed(0)
     net = ProbeEncoder(kw["num_classes"], kw["seq_len"], kw["vocab_size"], kw["input_dim"],
                        attention=scheme, d_model=16, nhead=2, num_layers=layers,
-                       dim_feedforward=32)
+                       dim_feedforward=32, positions="learned")
     return ProbeModule(net, partial(torch.optim.AdamW, lr=lr), target_kind=kw["target_kind"],
                        baselines=kw["baselines"], baseline_name=kw["baseline_name"],
                        shortcuts=kw["shortcuts"])
@@ -221,7 +222,7 @@ def module_for(dm: ProbeDataModule, scheme: str = "unas", layers: int = 1,
 def unmatched(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("unmatched", {"num_objects": 3, "object_vocab": 8, "num_colours": 4},
                          **{"n_train": 64, "n_val": 48, "n_test": 40, "batch_size": 16,
-                            "data_seed": 0, "seed": None, **sizes})
+                            "data_seed": 0, "seed": None, "test_options": None, **sizes})
     dm.setup()
     return dm
 
@@ -381,7 +382,8 @@ def head_slots(**sizes) -> ProbeDataModule:
     dm = ProbeDataModule("retrieval", {"seq_len": 12, "num_slots": 2, "num_values": 3,
                                        "num_filler": 4, "num_value_distractors": 1},
                          **{"n_train": 32, "n_val": 32, "n_test": 40, "eval_batch_size": 16,
-                            "data_seed": 0, "batch_size": 64, "seed": None, **sizes})
+                            "data_seed": 0, "batch_size": 64, "seed": None, "test_options": None,
+                            **sizes})
     dm.setup()
     return dm
 
@@ -466,7 +468,7 @@ def test_clusters_shortcut_is_fitted_on_the_training_rows_only(monkeypatch):
     monkeypatch.setattr(Pipeline, "fit", lambda self, x, y, **kw: (fitted.append((x, y)),
                                                                   fit(self, x, y, **kw))[1])
     sizes = {"n_train": 60, "n_val": 200, "n_test": 100, "data_seed": 0, "batch_size": 64,
-             "seed": None}
+             "seed": None, "test_options": None}
     options = {"num_points": 16, "min_clusters": 2, "max_clusters": 4}
     dm = ProbeDataModule("clusters", options, **sizes)
     dm.setup()

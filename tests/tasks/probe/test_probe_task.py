@@ -28,7 +28,8 @@ PROBES = sorted(p.stem for p in (CONF / "probe").glob("*.yaml"))
 
 def datamodule(probe: str, options: dict, **sizes) -> ProbeDataModule:
     dm = ProbeDataModule(probe, options, **{"n_train": 200, "n_val": 60, "n_test": 40,
-                                            "data_seed": 0, "batch_size": 64, "seed": None, **sizes})
+                                            "data_seed": 0, "batch_size": 64, "seed": None,
+                                            "test_options": None, **sizes})
     dm.setup()
     return dm
 
@@ -99,7 +100,7 @@ def test_bad_probe_options_are_one_config_error(options, words):
 def build(dm: ProbeDataModule, scheme: str = "unas", **net) -> ProbeModule:
     kw = dm.model_kwargs()
     net = ProbeEncoder(kw["num_classes"], kw["seq_len"], kw["vocab_size"], kw["input_dim"],
-                       attention=scheme, **{"d_model": 16, "nhead": 2, "num_layers": 2,
+                       attention=scheme, **{"d_model": 16, "nhead": 2, "num_layers": 2, "positions": "learned",
                                             "dim_feedforward": 32, **net})
     return ProbeModule(net, torch.optim.AdamW, target_kind=kw["target_kind"],
                        baselines=kw["baselines"], baseline_name=kw["baseline_name"],
@@ -250,7 +251,7 @@ def test_token_shift_mixes_each_token_with_its_two_neighbours_only(shift, reach)
     neighbours' positions, and nothing else."""
     torch.manual_seed(0)
     net = ProbeEncoder(5, 12, vocab_size=10, attention="unas", num_layers=0, d_model=8, nhead=2,
-                       dim_feedforward=128, token_shift=shift).eval()
+                       dim_feedforward=128, token_shift=shift, positions="learned").eval()
     tokens = torch.randint(1, 10, (1, 12))
     other = tokens.clone()
     other[0, 5] = 1 + tokens[0, 5] % 9

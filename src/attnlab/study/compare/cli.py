@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from attnlab.errors import ConfigError
+from attnlab.study.compare import generalization
 from attnlab.study.compare.analysis import (
     build_cells,
     exploratory,
@@ -60,6 +61,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--wandb", action="store_true", help="also log the report to W&B (offline)")
     parser.add_argument("--out", type=Path, help="report directory (default: <root>/compare/<time>); "
                         "an earlier one to resume it")
+    parser.add_argument("--generalization", action="store_true",
+                        help="train small, test large: for the probes with test_options (quick: "
+                             "needle; --probes to choose), one model per scheme and seed, "
+                             "accuracy and target mass against test size with intervals "
+                             "(REPORT.md and a PNG per probe); no contrasts or controls")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the first stage's train.py sweeps and exit")
     return parser.parse_args(argv)
@@ -81,6 +87,8 @@ def build_plan(args: argparse.Namespace, root: Path) -> ComparePlan:
         raise ConfigError(f"no conf/task/{TASK}.yaml in {root}: the probe task is missing")
     registered = discover(conf, "model")
     probes = choose(args.probes, discover(conf, "probe"), "--probes")
+    if args.generalization and probes is None and args.mode == "quick":
+        probes = list(generalization.QUICK_PROBES)
     schemes = choose(args.schemes, registered, "--schemes")
     cards = probe_cards(conf, probes)
     plan = ComparePlan(root, args.mode, cards, registered, schemes, args.seeds,
@@ -107,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                             args.jobs)
     out_dir = (args.out or root / "compare" / session.started).resolve()
     runs_dir = out_dir / "runs"
+    if args.generalization:
+        return run_generalization(args, plan, session, out_dir, root)
     first = plan.lr_runs() or plan.main_runs(plan.choose_lrs({}), plan.pilot_seeds())
     if args.dry_run:
         print("\n".join(dry_run(first, root, runs_dir, COMMON, args.jobs)))
@@ -150,6 +160,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.wandb:
         print(f"[compare] W&B run: {log_to_wandb(out_dir, primary, meta)}")
     print(f"[compare] {report} ({meta['wall_s'] / 60:.1f} min)")
+    return 0
+
+
+def run_generalization(args: argparse.Namespace, plan: ComparePlan, session: Session,
+                       out_dir: Path, root: Path) -> int:
+    """--generalization: one model per (probe, scheme, seed), then the curves (its module)."""
+    if not generalization.generalization_probes(plan):
+        print(f"error: --generalization: none of {', '.join(plan.cards)} declares test_options "
+              f"(conf/probe/<name>.yaml); choose one that does, e.g. --probes needle",
+              file=sys.stderr)
+        return 2
+    seeds = args.seeds or (generalization.QUICK_SEEDS if args.mode == "quick"
+                           else generalization.FULL_SEEDS)
+    runs = generalization.runs(plan, seeds)
+    runs_dir = out_dir / "runs"
+    if args.dry_run:
+        print("\n".join(dry_run(runs, root, runs_dir, COMMON, args.jobs)))
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = ", ".join(c.name for c in generalization.generalization_probes(plan))
+    print(f"[compare] generalization ({args.mode}): {names}, {seeds} seed(s) -> {out_dir}",
+          flush=True)
+    records, trained = train(runs, root, runs_dir, COMMON, args.jobs, "generalization")
+    found = generalization.collect(plan, records, seeds)
+    report = generalization.write_report(out_dir, plan, found,
+                                         session.meta(trained, len(records) - trained))
+    for card in generalization.generalization_probes(plan):
+        print("\n".join(generalization.table(card, found.get(card.name, []))))
+    print(f"[compare] {report}")
     return 0
 
 

@@ -88,6 +88,9 @@ class ProbeCard:
     mode_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # the main setting's value of each swept key (the composed config's)
     main: dict[str, object] = field(default_factory=dict)
+    # probe.test_options: {option: [values]} the runs test on besides the training data
+    # (compare --generalization; tasks/probe/datamodule.py)
+    test_options: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def primary(self) -> bool:
@@ -180,7 +183,15 @@ def card_from_config(cfg) -> ProbeCard:
         positive=_control(node.get("positive"), f"{where}.positive", True),
         negative=_control(node.get("negative"), f"{where}.negative", False),
         sweep=sweep, mode_overrides=modes,
-        main={k: OmegaConf.select(cfg, k, default=None) for k in sweep})
+        main={k: OmegaConf.select(cfg, k, default=None) for k in sweep},
+        test_options=_test_options(probe.get("test_options")))
+
+
+def _test_options(node) -> dict[str, tuple]:
+    """A probe's test_options as {option: (values...)}, a scalar a tuple of one, null dropped."""
+    given = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return {str(k): tuple(v) if isinstance(v, list | tuple) else (v,)
+            for k, v in (given or {}).items() if v is not None}
 
 
 def probe_cards(conf_dir: Path, names: list[str] | None = None) -> dict[str, ProbeCard]:
