@@ -44,7 +44,8 @@ def test_claims_and_their_tasks_come_from_the_task_cards(tmp_path):
     # VQA's own claim is named by its card and reported where the card lists it
     assert list(CLAIMS) == ["mode_collapse", "explaining_away", "multiview_vqa",
                             "pretrained_explaining_away", "hnas_u", "coda_diversity",
-                            "repulsive_diversity"]
+                            "repulsive_diversity", "length_ssmax", "length_stickbreaking",
+                            "length_gate"]
     assert CLAIMS["multiview_vqa"].__name__ == "tasks.vqa.claim"
     plan = Plan("quick", ROOT)
     for name in ("explaining_away", "hnas_u", "coda_diversity", "repulsive_diversity"):

@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in dict.fromkeys(wanted) if not plan.skip_reason(r.task)]
     if args.dry_run:
         print("\n".join(dry_run(runs, root, out_dir / "runs", plan.common, args.jobs)))
+        staged = [c.NAME for c in claims if hasattr(c, "more_runs")]
+        if staged:
+            print(f"# then: the seeds 80 % power needs, from these runs as a pilot ({', '.join(staged)})")
         for task in sorted({r.task for r in wanted if plan.skip_reason(r.task)}):
             print(f"# {task}: {plan.skip_reason(task)}")
         return 0
@@ -86,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(plan.cards)  # judges every run against its task's trivial baseline
     for run, record in records.items():
         results.add(run, record)
+    # second stage: a claim that planned its seeds from a pilot (the first runs) asks for the rest
+    more = [r for c in claims if hasattr(c, "more_runs") for r in c.more_runs(plan, results)]
+    more = [r for r in dict.fromkeys(more) if r not in records and not plan.skip_reason(r.task)]
+    if more:
+        print(f"[reproduce] {len(more)} more run(s): the seeds 80 % power needs", flush=True)
+        extra, extra_trained = train(more, root, out_dir / "runs", plan.common, args.jobs, "reproduce")
+        trained += extra_trained
+        records.update(extra)
+        for run, record in extra.items():
+            results.add(run, record)
     outcomes = []
     for claim in claims:
         try:

@@ -6,7 +6,8 @@ only one task can make lives in that task (e.g. `tasks/vqa/claim.py`) and its ca
 module's import path (`tasks.vqa.claim`): it is imported by name here, at run time, so that no
 import runs from the library into `tasks/`. A task's claim is reported right after the library
 claim its card lists before it. Each claim module has NAME, TITLE, PAPER, CLAIM, `runs(plan)` and
-`evaluate(plan, results, out_dir)`.
+`evaluate(plan, results, out_dir)`; one that plans its seeds from a pilot (the length claims) also
+has `more_runs(plan, results)`: the runs it asks for once the first ones are in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from types import ModuleType
 from attnlab.cards import Card, task_cards
 from attnlab.errors import ConfigError
 
-LIBRARY = ("mode_collapse", "explaining_away", "hnas_u", "coda_diversity", "repulsive_diversity")
+LIBRARY = ("mode_collapse", "explaining_away", "hnas_u", "coda_diversity", "repulsive_diversity",
+           "length_ssmax", "length_stickbreaking", "length_gate")
 
 
 def is_task_claim(entry: str) -> bool:
