@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Never the schemes.
     ("attention: mechanism", ["attnlab.attention.paths", "attnlab.attention.cuda_table",
                               "attnlab.attention.notices", "attnlab.attention.reference",
+                              "attnlab.attention.positions",
                               "attnlab.attention.record", "attnlab.attention.statistics"]),
     # one file per scheme (and their base and registry): they run kernels, directly or through
     # paths; the output gate (`model.gate`), a module of the same kind as the schemes
