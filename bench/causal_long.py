@@ -20,6 +20,16 @@ on a machine shared with others, wall time follows their load, CPU time (user + 
 process) counts only the time it ran; the table gives the median (--stat min: the least disturbed
 run) of both. Peak memory is the process's ru_maxrss after the timed runs minus its ru_maxrss
 before them (after the warm-up and the inputs), i.e. what the scheme's fwd+bwd added at its peak;
+The peak memory comes from a second worker per run (one fwd and one fwd+bwd) with glibc's mmap
+threshold fixed (MALLOC_MMAP_THRESHOLD_, --mmap-threshold, 8 MiB): glibc otherwise raises it to
+the size of each large block freed, after which those blocks come from the heap, whose
+high-water mark depends on the order of allocations: the same diff fwd+bwd at S = 4096 measured
+0.20-0.25 GiB in four runs with the defaults, 0.153 GiB each time with the threshold fixed (the
+baseline: 0.156 and 0.129). Fixed, blocks of 8 MiB and more are mapped and returned when freed,
+so that "peak" is what the step holds at once, for every row alike. The times come from the
+first worker, with glibc's defaults, since a fixed threshold makes every large block a fresh
+mapping whose pages fault in (selective's 8 MiB blocks took 1.4x longer so). --mmap-threshold 0:
+one worker, glibc's defaults for both.
 "S x S" says whether that is at least one (B, H, S, S) float32 map more than the baseline's
 (at S = 1024 a map, 48 MiB, is near the noise of ru_maxrss; at 4096 it is 768 MiB). The route is the kernel each
 normalizer call took (`Normalizer.route`: a fast path's name, or "reference"); "materialized" when
@@ -163,15 +173,30 @@ def run_worker(name: str, S: int, B: int, H: int, d: int, repeats: int, threads:
     return result
 
 
-def run_config(name: str, S: int, src: str, args) -> dict:
+def run_worker_process(name: str, S: int, src: str, args, repeats: int,
+                       mmap_threshold: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--worker", name, "--seq", str(S), "--batch", str(args.batch),
            "--heads", str(args.heads), "--head-dim", str(args.head_dim),
-           "--repeats", str(args.repeats), "--threads", str(args.threads)]
+           "--repeats", str(repeats), "--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    if mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:80]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_config(name: str, S: int, src: str, args) -> dict:
+    """The times from a worker with glibc's defaults; with --mmap-threshold, the peak memory from
+    a second worker (one fwd and one fwd+bwd) with the threshold fixed (see the docstring)."""
+    timed = run_worker_process(name, S, src, args, args.repeats)
+    if "error" in timed or not args.mmap_threshold:
+        return timed
+    memory = run_worker_process(name, S, src, args, 1, args.mmap_threshold)
+    if "error" in memory:
+        return memory
+    return {**timed, "peak_gib": memory["peak_gib"], "rss_gib": memory["rss_gib"]}
 
 
 def summarize(runs: list[dict], stat: str) -> dict:
@@ -216,6 +241,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved subprocess rounds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stat", default="median", choices=["median", "min"])
+    parser.add_argument("--mmap-threshold", type=int, default=8 << 20,
+                        help="glibc's MALLOC_MMAP_THRESHOLD_ (bytes) in the workers; 0: glibc's "
+                             "default, a dynamic threshold (see the docstring)")
     parser.add_argument("--max-gib", type=float, default=8.0,
                         help="skip a scheme whose peak, scaled from the previous S, would pass this")
     parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
@@ -288,7 +316,9 @@ def main() -> None:
         f"runs; wall time (ratio) and CPU-time ratio to the baseline of the same S in this run "
         f"(normalizers: causal SDPA; modules: MultiHeadAttention({args.heads * args.head_dim}, "
         f"{args.heads}) with unas); peak = ru_maxrss added by the timed fwd and fwd+bwd (ratio "
-        f"to the baseline's), rss = the process's whole peak; S x S = peak >= the baseline's + one "
+        f"to the baseline's; glibc mmap threshold "
+        f"{args.mmap_threshold or 'dynamic (default)'}), rss = the process's whole peak; "
+        f"S x S = peak >= the baseline's + one "
         f"(B, H, S, S) float32 map.\nFLOP floor (causal fwd+bwd as flash attention, matmuls only, 7 B H S^2 d "
         f"= 2*2*B*H*S^2*d/2 * (1 fwd + 2.5 bwd)), GFLOP: {floors}; GFLOP/s = floor / fwd+bwd CPU "
         f"time (divide by {args.threads} threads for one core's).\nSources: {', '.join(sources)}\n\n"

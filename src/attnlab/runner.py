@@ -63,9 +63,14 @@ def is_multirun() -> bool:
 
 def build_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     """Every `callbacks.<name>` node: the `callbacks=` group's, and the training rules a model
-    config places there (conf/rules/, e.g. model=repulsive's callbacks.repulsive)."""
-    return [hydra.utils.instantiate(conf) for conf in (cfg.get("callbacks") or {}).values()
-            if conf is not None and "_target_" in conf]
+    config places there (conf/rules/, e.g. model=repulsive's callbacks.repulsive). With Lightning's
+    own `trainer.enable_progress_bar=false` the progress bar is left out (Lightning would refuse
+    the bar it was given: the option works as typed)."""
+    callbacks = [hydra.utils.instantiate(conf) for conf in (cfg.get("callbacks") or {}).values()
+                 if conf is not None and "_target_" in conf]
+    if (cfg.get("trainer") or {}).get("enable_progress_bar", True) is False:
+        callbacks = [c for c in callbacks if not isinstance(c, pl.callbacks.ProgressBar)]
+    return callbacks
 
 
 def build_loggers(cfg: DictConfig) -> list:

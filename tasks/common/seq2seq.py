@@ -16,10 +16,17 @@ What differs between the tasks is an option:
 | option | headline (BERT style) | mt (fairseq `transformer_iwslt_de_en`) |
 |---|---|---|
 | `positions` | `learned`: word + learned position, LayerNorm, dropout | `sinusoidal`: sqrt(d) x word + sinusoids, dropout |
+| `decoder_positions` | null: as `positions`; or `none` / `rope` / `alibi` | the same |
 | `lm_head` | true: BERT's dense + activation + LayerNorm before the tied projection, plus a bias | false: the tied projection alone |
 | `weight_init` | `bert`: Normal(0, 0.02) everywhere | `fairseq`: Xavier-uniform linears, Normal(0, d^-1/2) embeddings |
 | `norm_first` | post-LN (BERT; pre-LN option) | post-LN (fairseq's default; pre-LN option) |
 | `output_vocab` / `set_output_vocab` | the tokens of the training headlines | the whole joint BPE |
+
+`decoder_positions` (none | rope | alibi) moves the decoder's positions into its self-attention
+(`attnlab.attention.positions`; `none`: causal attention alone tells them apart): its embedding
+keeps the style of `positions` (LayerNorm, or the sqrt(d) scale) without a position term, and
+cross-attention has none (as `TransformerDecoderLayer(positions=...)`). The encoder keeps
+`positions`: ALiBi is causal, and a position-free encoder sees a bag of tokens.
 
 Incremental decoding (`start_decoding` / `decode_step`, on the library's KV caches and layer
 steps, `attnlab.attention.kv_cache`) and search (`tasks.common.decoding`) work on any of them.
@@ -47,7 +54,8 @@ from attnlab.attention.layers import make_activation
 from attnlab.attention.spec import AttentionSpec
 from attnlab.errors import ConfigError
 
-POSITIONS = ("learned", "sinusoidal")
+POSITIONS = ("learned", "sinusoidal")  # the embeddings' (both stacks' by default)
+INSIDE_ATTENTION = ("none", "rope", "alibi")  # the decoder's self-attention's instead
 WEIGHT_INITS = ("bert", "fairseq")
 
 
@@ -66,21 +74,20 @@ class Embeddings(nn.Module):
 
     positions="learned" (BERT): word + learned position, then LayerNorm and dropout.
     positions="sinusoidal" (fairseq): sqrt(d) x word + fixed sinusoids, then dropout.
+    table=False (positions inside the attention): the same style without the position term.
     """
 
     def __init__(self, word: nn.Embedding, max_positions: int, d_model: int, dropout: float,
-                 eps: float, positions: str = "learned"):
+                 eps: float, positions: str = "learned", table: bool = True):
         super().__init__()
         self.word = word
         self._max_positions = int(max_positions)
-        if positions == "learned":
-            self.position = nn.Embedding(max_positions, d_model)
-            self.norm = nn.LayerNorm(d_model, eps=eps)
-            self.scale = None
-        else:  # not a parameter nor saved: rebuilt from the sizes
-            self.register_buffer("sinusoids", sinusoids(max_positions, d_model), persistent=False)
-            self.norm = nn.Identity()
-            self.scale = math.sqrt(d_model)
+        learned = positions == "learned"
+        self.position = nn.Embedding(max_positions, d_model) if learned and table else None
+        fixed = sinusoids(max_positions, d_model) if not learned and table else None
+        self.register_buffer("sinusoids", fixed, persistent=False)  # rebuilt from the sizes
+        self.norm = nn.LayerNorm(d_model, eps=eps) if learned else nn.Identity()
+        self.scale = None if learned else math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 
     @property
@@ -95,10 +102,12 @@ class Embeddings(nn.Module):
                 f"sequence of {end} tokens is longer than the {self.max_positions} positions "
                 f"of the model; truncate it (datamodule max lengths) or raise the model's positions"
             )
-        if self.scale is None:
-            positions = torch.arange(start, end, device=ids.device)
-            return self.dropout(self.norm(self.word(ids) + self.position(positions)[None]))
-        return self.dropout(self.word(ids) * self.scale + self.sinusoids[start:end][None])
+        x = self.word(ids) if self.scale is None else self.word(ids) * self.scale
+        if self.position is not None:
+            x = x + self.position(torch.arange(start, end, device=ids.device))[None]
+        elif self.sinusoids is not None:
+            x = x + self.sinusoids[start:end][None]
+        return self.dropout(self.norm(x))
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -129,13 +138,26 @@ class Seq2SeqTransformer(nn.Module):
         norm_first: bool = False,
         output_vocab: Sequence[int] | None = None,
         positions: str,
+        decoder_positions: str | None = None,
         lm_head: bool,
         weight_init: str,
     ) -> None:
         super().__init__()
         make_activation(activation)  # an unknown name fails here, before anything is built
         if positions not in POSITIONS:
-            raise ConfigError(f"positions={positions!r}; use one of {', '.join(POSITIONS)}")
+            hint = (f"; positions inside attention ({', '.join(INSIDE_ATTENTION)}) are the "
+                    f"decoder's: task.module.net.decoder_positions={positions}"
+                    if positions in INSIDE_ATTENTION else "")
+            raise ConfigError(f"task.module.net.positions={positions!r}; use one of "
+                              f"{', '.join(POSITIONS)}{hint}")
+        decoder_positions = decoder_positions or positions
+        if decoder_positions not in POSITIONS + INSIDE_ATTENTION:
+            raise ConfigError(f"task.module.net.decoder_positions={decoder_positions!r}; use one "
+                              f"of {', '.join(POSITIONS + INSIDE_ATTENTION)} (or null: as positions)")
+        if decoder_positions in POSITIONS and decoder_positions != positions:
+            raise ConfigError(f"task.module.net.decoder_positions={decoder_positions} differs from "
+                              f"positions={positions}: both stacks share one embedding style; use "
+                              f"null, or {', '.join(INSIDE_ATTENTION)}")
         if weight_init not in WEIGHT_INITS:
             raise ConfigError(f"weight_init={weight_init!r}; use one of {', '.join(WEIGHT_INITS)}")
         encoder_spec = AttentionSpec.from_config(attention)
@@ -151,6 +173,7 @@ class Seq2SeqTransformer(nn.Module):
         self.d_model = d_model
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions
+        self.decoder_positions = decoder_positions
 
         # Built in this order (the seeded initialization draws in module order).
         word = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
@@ -158,7 +181,8 @@ class Seq2SeqTransformer(nn.Module):
             word, max_source_positions, d_model, dropout, layer_norm_eps, positions
         )
         self.decoder_embeddings = Embeddings(
-            word, max_target_positions, d_model, dropout, layer_norm_eps, positions
+            word, max_target_positions, d_model, dropout, layer_norm_eps, positions,
+            table=decoder_positions in POSITIONS,
         )
         layer_args = {
             "d_model": d_model,
@@ -175,8 +199,9 @@ class Seq2SeqTransformer(nn.Module):
             TransformerEncoderLayer(spec=encoder_spec, layer_index=i, **layer_args)
             for i in range(num_encoder_layers)
         )
+        inside = decoder_positions if decoder_positions in ("rope", "alibi") else "none"
         self.decoder_layers = nn.ModuleList(
-            TransformerDecoderLayer(spec=decoder_spec, layer_index=i, **layer_args)
+            TransformerDecoderLayer(spec=decoder_spec, layer_index=i, positions=inside, **layer_args)
             for i in range(num_decoder_layers)
         )
         # Pre-LN stacks end with a LayerNorm (their residual stream is never normalized otherwise).

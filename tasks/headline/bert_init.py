@@ -63,9 +63,10 @@ def bert_to_headline(
         ("decoder", model.decoder_embeddings),
     ):
         ours[f"{side}_embeddings.word.weight"] = word
-        ours[f"{side}_embeddings.position.weight"] = (
-            positions[: embeddings.max_positions] + segment0
-        )
+        if embeddings.position is not None:  # none with decoder_positions=none / rope / alibi
+            ours[f"{side}_embeddings.position.weight"] = (
+                positions[: embeddings.max_positions] + segment0
+            )
         ours[f"{side}_embeddings.norm.weight"] = mlm["encoder.embeddings.norm.weight"]
         ours[f"{side}_embeddings.norm.bias"] = mlm["encoder.embeddings.norm.bias"]
     for name, value in mlm.items():

@@ -23,7 +23,7 @@ ROUTES = [
     ("unas", "cpu", F32, 0.0, False, "sdpa"),
     ("unas", "cpu", F32, 0.0, True, "sdpa"),
     ("unas", "cpu", F32, 0.1, False, "fused_cpu"),
-    ("unas", "cpu", F32, 0.1, True, "sdpa_math"),
+    ("unas", "cpu", F32, 0.1, True, "rowwise_cpu"),  # a value wider than q; else sdpa_math
     ("unas", "cuda", BF16, 0.1, True, "sdpa"),
     ("unas", "cuda", F64, 0.0, False, "reference"),
     ("dnas", "cpu", F32, 0.0, False, "fused_cpu"),

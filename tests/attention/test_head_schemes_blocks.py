@@ -11,6 +11,7 @@ import torch
 
 from attnlab.attention import MultiHeadAttention, record_attention
 from attnlab.attention.kernels import selective_blocks
+from attnlab.attention.schemes import unas
 from attnlab.attention.schemes.base import Heads
 from attnlab.attention.schemes.transform import LogitTransform
 
@@ -77,19 +78,35 @@ def heads_of(m, x, mask, causal):
 
 # ----------------------------------------------------------------------------- diff
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("normalization, causal, route", [
-    ("unas", True, "sdpa"), ("unas", False, "fused_cpu"), ("sigmoid", True, "fused_cpu"),
-    ("ssmax", True, "scaled_sdpa"),
+@pytest.mark.parametrize("normalization, causal, routes", [
+    # v1's half-width maps over the whole value: one call on a kernel that takes any value width
+    # (UNAS causal: the row-wise kernel's softmax); v2's full-width ones on ATen's flash kernel
+    ("unas", True, ("rowwise_cpu", "sdpa")), ("unas", False, ("fused_cpu", "fused_cpu")),
+    ("sigmoid", True, ("fused_cpu", "fused_cpu")),
+    ("ssmax", True, ("scaled_rowwise_cpu", "scaled_sdpa")),
 ])
 def test_diff_from_the_normalizers_fast_path_equals_the_materialized_maps(
-        version, normalization, causal, route, monkeypatch):
+        version, normalization, causal, routes, monkeypatch):
     m = diff_module(version, normalization, causal)
     x, mask = batch()
-    assert m.head_scheme.route(m.normalizer, heads_of(m, x, mask, causal)) == route
+    assert m.head_scheme.route(m.normalizer, heads_of(m, x, mask, causal)) == routes[version - 1]
+    calls = m.head_scheme._fast_calls(m.normalizer, heads_of(m, x, None, causal))
+    assert [len(pieces) for pieces in calls] == [1, 1]  # one call per map: no value split
     # values and gradients of the projections and of lambda (v1's vectors, v2's W_lambda)
     assert_same_as_materialized(m, x, diff_params(m), monkeypatch, key_padding_mask=mask,
                                 query_padding_mask=mask, causal=causal)
     assert_same_as_materialized(m, x, diff_params(m), monkeypatch, causal=causal)
+
+
+def test_diff_splits_the_value_for_a_kernel_of_one_head_size(monkeypatch):
+    """Where the normalizer's kernel takes one head size (flash-attn, Triton; here UNAS without
+    the row-wise kernel), v1's value is split into pieces of the query's width, one call each."""
+    monkeypatch.setattr(unas.UNAS, "fast_paths", (unas.SDPA, unas.SDPA_MATH))
+    m = diff_module(1, "unas", True)
+    x, _ = batch()
+    calls = m.head_scheme._fast_calls(m.normalizer, heads_of(m, x, None, True))
+    assert [[path.name for path, _ in pieces] for pieces in calls] == [["sdpa"] * 2] * 2
+    assert_same_as_materialized(m, x, diff_params(m), monkeypatch, causal=True)
 
 
 def test_diff_materializes_without_a_fast_path_or_with_dropout(monkeypatch):

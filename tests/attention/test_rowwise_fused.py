@@ -1,5 +1,6 @@
 """The CPU fast paths of the row-wise schemes (sigmoid, sink, softpick on the fused row-wise
-kernel; SSMax on the UNAS paths with scaled queries) against a float64 materialized reference
+kernel; SSMax on the UNAS paths with scaled queries; UNAS, whose value here is narrower than its
+query, on the row-wise kernel's softmax) against a float64 materialized reference
 written here from the formulas, and against each scheme's own `weights`: outputs and gradients
 of q, k, v and the scheme's parameter, under key / query padding, rows without any valid key,
 rows of one valid key, S = 1, causal masks and dropout; and the routes."""
@@ -14,11 +15,12 @@ import torch
 
 from attnlab.attention import paths
 from attnlab.attention.kernels import fused, rowwise
-from attnlab.attention.schemes import sigmoid, sink, softpick, ssmax
+from attnlab.attention.schemes import sigmoid, sink, softpick, ssmax, unas
 from attnlab.attention.schemes.sigmoid import Sigmoid, SigmoidOptions
 from attnlab.attention.schemes.sink import Sink, SinkOptions
 from attnlab.attention.schemes.softpick import Softpick, SoftpickOptions
 from attnlab.attention.schemes.ssmax import SSMax, SSMaxOptions
+from attnlab.attention.schemes.unas import UNAS
 
 pytestmark = pytest.mark.skipif(not fused.load(), reason="the fused CPU kernel did not build")
 
@@ -60,8 +62,9 @@ def reference_weights(kind, q, k, kpm=None, qpm=None, causal=False, param=None, 
         a = torch.exp(s0 - c) - torch.exp(-c)
         num = torch.where(valid, torch.relu(a), zero)
         return num / (torch.where(valid, a.abs(), zero).sum(-1, keepdim=True) + eps)
-    # ssmax: softmax over the valid keys of s * c * log n
-    x = torch.where(valid, s0 * param * torch.log(n), torch.full_like(s, -math.inf))
+    # ssmax: softmax over the valid keys of s * c * log n; unas: of s
+    scaled = s0 if kind == "unas" else s0 * param * torch.log(n)
+    x = torch.where(valid, scaled, torch.full_like(s, -math.inf))
     m = x.detach().amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.where(valid, torch.exp(x - m), zero)
@@ -78,10 +81,11 @@ SCHEMES = {
     "softpick": lambda: Softpick(SoftpickOptions()),
     "softpick_eps": lambda: Softpick(SoftpickOptions(eps=0.3)),  # eps visible: grad through max
     "ssmax": lambda: SSMax(SSMaxOptions()),
+    "unas": UNAS,
 }
 # each scheme's CPU fast paths (SSMax: UNAS's, on scaled queries)
 CPU_PATHS = {"sigmoid": sigmoid.PATHS[:1], "sink": sink.PATHS[:1], "softpick": softpick.PATHS,
-             "ssmax": ssmax.PATHS[:3]}
+             "ssmax": ssmax.PATHS[:-1], "unas": unas.PATHS}
 
 
 class CpuPath:
@@ -234,10 +238,13 @@ def test_scheme_float32_weights_agree():
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_route_lists_the_cpu_path(name):
     norm = SCHEMES[name]()
-    expected = "scaled_sdpa" if kind_of(name) == "ssmax" else "fused_cpu"
+    # SSMax: UNAS's paths on scaled queries; with causal dropout, which ATen's flash kernel does
+    # not take, the row-wise kernel's softmax (for a value wider than the query only)
+    expected = {"ssmax": "scaled_sdpa", "unas": "sdpa"}.get(kind_of(name), "fused_cpu")
+    dropped = {"ssmax": "scaled_rowwise_cpu", "unas": "rowwise_cpu"}.get(kind_of(name), expected)
     assert norm.candidates("cpu", F32)[0] == expected
-    assert norm.candidates("cpu", F64, 0.1, True)[0] == (expected if kind_of(name) != "ssmax" else "reference")
-    assert norm.candidates("cuda", torch.bfloat16)[0] != expected
+    assert norm.candidates("cpu", F64, 0.1, True)[0] == dropped
+    assert norm.candidates("cuda", torch.bfloat16)[0] != dropped  # (SDPA serves UNAS on both)
 
 
 def test_valid_keys_counts():

@@ -131,6 +131,27 @@ def test_trainer_callback_and_logger_arguments_need_no_plus(bad_files, env):
     assert any(x.startswith("hydra/sweeper: ") and "optuna" in x for x in help_text.splitlines())
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_enable_progress_bar_false_works_as_typed(enabled):
+    """Lightning refuses `enable_progress_bar=False` beside a progress bar callback: the runner
+    leaves the bar out instead, so the standard option works as users type it."""
+    import pytorch_lightning as pl
+    from omegaconf import OmegaConf
+
+    from attnlab.runner import build_callbacks
+    from helpers.paths import CONF
+
+    callbacks = OmegaConf.load(CONF / "callbacks" / "default.yaml")
+    cfg = OmegaConf.create({"trainer": {"enable_progress_bar": enabled}, "callbacks": {
+        "progress_bar": {"_target_": "pytorch_lightning.callbacks.RichProgressBar"},
+        "lr_monitor": {"_target_": "pytorch_lightning.callbacks.LearningRateMonitor"}}})
+    assert "progress_bar" in callbacks  # the default callbacks have the bar
+    callbacks = build_callbacks(cfg)
+    bars = [c for c in callbacks if isinstance(c, pl.callbacks.ProgressBar)]
+    assert len(bars) == (1 if enabled else 0) and len(callbacks) == 1 + len(bars)
+    pl.Trainer(enable_progress_bar=enabled, callbacks=callbacks, logger=False)  # accepted
+
+
 def test_every_instantiated_node_lists_all_its_arguments(bad_files, env):
     """config_args: each _target_ node of trainer/callbacks/logger holds every argument of its
     class (a dataclass default as a node of its own: the progress bar's theme), but the few

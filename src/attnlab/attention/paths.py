@@ -84,6 +84,10 @@ class FastPath:
     supports: Callable[..., bool]  # (normalizer, device, dtype, dropout_p, causal) -> bool
     run: Callable[..., Tensor]  # (normalizer, call in the working dtype) -> out
     serves: Callable[..., bool] | None = None  # (normalizer, call) -> bool; None: every call
+    # it takes a value of another width than the query's (the C++ CPU kernels, entmax's strips);
+    # False: a kernel of one head size (flash, Triton, Flex): a caller with a wider value (diff's
+    # half-width maps) splits the value into pieces of the query's width, one call each
+    any_value_width: bool = False
 
     def accepts(self, normalizer, call: AttentionCall) -> bool:
         device = device_type(call.q)

@@ -21,11 +21,12 @@ bf16 a relative 2^-8: a slope off by at most 0.4 %, the same at every distance),
 positions. What remains is the float32 accumulation of c_h i and c_h j, which cancel:
 |error of a logit| <~ 2^-22 m_h S at S positions (tested at S = 4096, float32 and bf16 features,
 against a float64 additive bias). The powers of 2 and the repeated 8 a (16 c_h twice rather than
-32 c_h once) balance q's and k's largest entries (<= 128 at 4096 positions, d = 64), which keeps
-ATen's CPU flash kernel, whose guard bounds sqrt(d') max|q'| max|k'| by 1e6, serving UNAS and
-SSMax there (12 heads, d = 64 or 128, S = 4096: tested). Past it the guard declines (measured,
-8 heads, d = 64: SSMax from S = 8192 on, which then runs its S x S reference; UNAS from 16384,
-SDPA's materialized math kernel). Positions stop at 65,536.
+32 c_h once) balance q's and k's largest entries (<= 128 at 4096 positions, d = 64). The kernels
+see q and k of d + 6 over a value of d: ATen's flash kernel takes one head size, so on the CPU
+UNAS and SSMax run on the row-wise C++ kernel's softmax, which takes any value width (and every
+other causal scheme's CPU kernel does too: tested at S = 4096, 12 heads, d = 64 and 128; none
+falls to S x S). On CUDA, SDPA picks a kernel that takes the widths, or its math kernel (not
+measured here). Positions stop at 65,536.
 Every scheme sees the bias as part of its logits (SSMax scales it with the row, sigmoid adds
 its b, stick-breaking breaks the stick on it, a CODA / RealFormer cascade carries it on).
 

@@ -73,14 +73,41 @@ def test_a_run_missing_a_cell_is_left_out_of_that_size_only():
 def test_the_table_shows_mean_and_interval_per_size():
     found = generalization.collect(plan(), records(), seeds=3)["needle"]
     lines = generalization.table(CARD, found)
-    assert lines[0] == ("| scheme | metric | seeds | trained | length=128 | length=256 | "
-                        "length=512 |")
+    assert lines[0] == ("| scheme | metric | seeds | learned | trained | length=128 | "
+                        "length=256 | length=512 |")
     row = next(line for line in lines if line.startswith("| ssmax | accuracy |"))
     per_seed = [np.mean([acc("ssmax", s, 256, d) for d in GRID["depth"]]) for s in (1, 2, 3)]
     low, high = stats.t_interval(per_seed)
-    assert f"{np.mean(per_seed):.3f} [{low:.3f}, {high:.3f}]" in row.split(" | ")[5]
-    assert row.split(" | ")[2] == "3"
+    assert f"{np.mean(per_seed):.3f} [{low:.3f}, {high:.3f}]" in row.split(" | ")[6]
+    assert row.split(" | ")[2] == "3" and row.split(" | ")[3] == ""  # no shortcut reported
     assert len([line for line in lines if line.startswith("| ")]) == 1 + 4  # head, 2 x 2 rows
+
+
+def with_shortcut(given: dict, shortcut: float) -> dict:
+    """The records with the probe's shortcut at `shortcut` on every cell and chance 1/16."""
+    for record in given.values():
+        metrics = record["metrics"]
+        for key in [k for k in metrics if k.startswith("test/acc")]:
+            metrics[key.replace("test/acc", "test/shortcut_acc")] = shortcut
+        metrics["test/baseline_acc"] = 1 / 16
+    return given
+
+
+def test_a_scheme_at_its_shortcut_is_labelled_did_not_learn(tmp_path):
+    """test/acc is 0.96-0.98: a shortcut of 0.97 is beaten by seed 3 alone; one of 0.99 by none,
+    which labels the scheme in the table and the figure; the shortcut gets its own row."""
+    found = generalization.collect(plan(), with_shortcut(records(), 0.97), seeds=3)["needle"]
+    row = next(line for line in generalization.table(CARD, found)
+               if line.startswith("| unas | accuracy |"))
+    assert row.split(" | ")[3] == "1/3"
+    found = generalization.collect(plan(), with_shortcut(records(), 0.99), seeds=3)["needle"]
+    lines = generalization.table(CARD, found)
+    row = next(line for line in lines if line.startswith("| unas | accuracy |"))
+    assert row.split(" | ")[3] == "0/3 (did not learn)"
+    shortcut = next(line for line in lines if line.startswith("| unas | shortcut accuracy |"))
+    assert shortcut.split(" | ")[4] == "0.990 [0.990, 0.990]"
+    assert generalization.did_not_learn(next(p for p in found if p.scheme == "unas"
+                                             and p.metric == "acc" and p.size == "trained"))
 
 
 def test_the_report_has_a_table_and_the_curves(tmp_path):
@@ -111,6 +138,11 @@ def test_the_command_trains_one_run_per_scheme_and_seed(tmp_path, capsys):
     assert sorted(models) == ["sigmoid", "ssmax", "unas"]
     assert all("task.module.optimizer.lr=0.003" in line for line in lines)
     assert all("trainer.max_epochs=2 probe.n_test=128" in line for line in lines)
+    # a variant asked for by name trains its own epochs (2 leave it at its shortcut)
+    assert cli.main(["--generalization", "--probes", "needle_multikey", "--dry-run", "--jobs", "1",
+                     "--out", str(tmp_path / "variant")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "train.py" in line]
+    assert lines and all("probe.n_test=128" in line and "max_epochs" not in line for line in lines)
 
 
 def test_a_probe_without_test_options_is_one_error_line(tmp_path, capsys):

@@ -13,7 +13,13 @@ from scipy import stats as scipy_stats
 
 from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED
 from attnlab.study.power import paired_power
-from attnlab.study.reproduce import length, length_gate, length_report, length_ssmax, length_stickbreaking
+from attnlab.study.reproduce import (
+    length,
+    length_gate,
+    length_report,
+    length_ssmax,
+    length_stickbreaking,
+)
 from attnlab.study.reproduce.length import Arm, Contrast, Registration
 from attnlab.study.reproduce.plan import Plan
 from attnlab.study.reproduce.results import Results

@@ -77,15 +77,20 @@ def test_schemes_apply_per_stack():
         {("coda", "unas")}, {("unas", "unas")})
 
 
-@pytest.mark.parametrize("style, norm_first, scheme", [
-    ("headline", False, "hnas"), ("headline", True, "hnas"), ("mt", False, "coda"),
-    ("mt", True, "realformer"), ("mt", False, "entmax"),
+@pytest.mark.parametrize("style, norm_first, scheme, decoder_positions", [
+    ("headline", False, "hnas", None), ("headline", True, "hnas", None), ("mt", False, "coda", None),
+    ("mt", True, "realformer", None), ("mt", False, "entmax", None),
+    ("mt", False, "unas", "rope"), ("headline", False, "sink", "alibi"), ("mt", True, "coda", "alibi"),
+    ("headline", False, "unas", "none"),
 ])
-def test_cached_decode_step_equals_the_full_decoder(one_thread, style, norm_first, scheme):
+def test_cached_decode_step_equals_the_full_decoder(one_thread, style, norm_first, scheme,
+                                                    decoder_positions):
     # The key/value cache must give, at every position, the state of the full teacher-forced
     # decoder on the prefix; also after reordering rows as beam search does. Cascades (CODA,
-    # RealFormer) carry the newest position's row of logits from layer to layer.
-    model = tiny_model(attention=scheme, style=style, norm_first=norm_first)
+    # RealFormer) carry the newest position's row of logits from layer to layer. Positions inside
+    # the decoder's self-attention (rope, alibi) act on each step at the cache's length.
+    model = tiny_model(attention=scheme, style=style, norm_first=norm_first,
+                       decoder_positions=decoder_positions)
     src, mask = padded_sources([9, 4, 16, 1], vocab=40)
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(3, 40, (4, 8), generator=gen)
@@ -103,6 +108,38 @@ def test_cached_decode_step_equals_the_full_decoder(one_thread, style, norm_firs
         longer = torch.cat([prefix[order], nxt], dim=1)
         expected = model.decode_hidden(longer, memory[order], mask[order])[:, -1]
         torch.testing.assert_close(model.decode_step(nxt[:, 0], cache), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["headline", "mt"])
+@pytest.mark.parametrize("inside", ["none", "rope", "alibi"])
+def test_decoder_positions_move_into_the_self_attention(style, inside):
+    """The decoder's embedding loses its position term (keeping its style: LayerNorm or the
+    sqrt(d) scale), its self-attention gains the positions; cross-attention has none and the
+    encoder keeps its table."""
+    model = tiny_model(attention="unas", style=style, decoder_positions=inside)
+    plain = tiny_model(attention="unas", style=style)
+    embeddings = model.decoder_embeddings
+    assert embeddings.position is None and embeddings.sinusoids is None
+    assert type(embeddings.norm) is type(plain.decoder_embeddings.norm)
+    assert embeddings.scale == plain.decoder_embeddings.scale
+    for layer in model.decoder_layers:
+        assert layer.self_attn.positions.scheme == inside
+        assert layer.cross_attn.positions.scheme == "none"
+    assert (model.encoder_embeddings.position is not None) == (style == "headline")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        word = model.decoder_embeddings(ids)
+    expected_word = model.word_embeddings(ids) * (plain.decoder_embeddings.scale or 1.0)
+    torch.testing.assert_close(word, model.decoder_embeddings.norm(expected_word))
+
+
+def test_decoder_positions_are_checked():
+    with pytest.raises(ConfigError, match=r"positions='rope'.*decoder_positions=rope"):
+        tiny_model(positions="rope")
+    with pytest.raises(ConfigError, match=r"decoder_positions='xpos'.*none, rope, alibi"):
+        tiny_model(decoder_positions="xpos")
+    with pytest.raises(ConfigError, match="one embedding style"):
+        tiny_model(style="mt", decoder_positions="learned")
 
 
 def test_prefix_store_and_cache_agree_on_a_cascade(one_thread):

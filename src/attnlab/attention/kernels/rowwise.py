@@ -1,5 +1,7 @@
 """Fused CPU kernels of the row-wise schemes (sigmoid, sink, softpick: `csrc/rowwise.cpp`, built
-into the fused kernel's library by `fused.load()`), and SSMax on the UNAS kernels.
+into the fused kernel's library by `fused.load()`), and SSMax on the UNAS kernels. The same
+kernel runs plain softmax (UNAS) where the value is wider than the query (diff's two maps of
+half-width queries over the whole value), which ATen's CPU flash kernel refuses.
 
 Every row of these schemes' weights depends on that row's scores alone, so the kernel runs as
 flash attention does: the forward over blocks of queries against every key, the backward over
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from attnlab.attention.kernels import fused
 
-SIGMOID, SINK, SOFTPICK = 0, 1, 2
+SIGMOID, SINK, SOFTPICK, SOFTMAX = 0, 1, 2, 3
 
 
 def valid_keys(key_padding_mask: Tensor | None, causal: bool, s_q: int, s_k: int,
@@ -116,7 +118,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kind: int, beta: Tensor | None = Non
            key_padding_mask: Tensor | None = None, query_padding_mask: Tensor | None = None,
            causal: bool = False, eps: float = 0.0, dropout_p: float = 0.0, seed: int | None = None,
            keep_mask: Tensor | None = None) -> Tensor:
-    """Output (B, H, S_q, d_v) of the row-wise kernel `kind` (SIGMOID, SINK, SOFTPICK) in q's
+    """Output (B, H, S_q, d_v) of the row-wise kernel `kind` (SIGMOID, SINK, SOFTPICK, SOFTMAX) in q's
     dtype (float32 / float64); beta: (B, H, S_q)-broadcastable, finite (sigmoid: the bias;
     sink: the sink logit). Dropout as fused.query_normalized_attend."""
     B, H, M = q.shape[:3]
@@ -156,6 +158,12 @@ def softpick_attend(q, k, v, eps: float, key_padding_mask=None, query_padding_ma
     """Softpick (schemes/softpick.py)."""
     return attend(q, k, v, SOFTPICK, None, key_padding_mask, query_padding_mask, causal, eps=eps,
                   **kw)
+
+
+def softmax_attend(q, k, v, key_padding_mask=None, query_padding_mask=None, causal=False,
+                   **kw) -> Tensor:
+    """UNAS (schemes/unas.py): any value width, causal blocks skipped."""
+    return attend(q, k, v, SOFTMAX, None, key_padding_mask, query_padding_mask, causal, **kw)
 
 
 def ssmax_query(q: Tensor, c: Tensor, key_padding_mask: Tensor | None, causal: bool,

@@ -27,6 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# exp() of an argument below this is a float32 subnormal or 0 (e^-87.3 is the least normal):
+# it is set to -inf first, so exp gives exactly 0. Why: the penalty F pushes most of a row's
+# logits hundreds below its max, and ATen's vectorized exp takes a slow path there (measured
+# 5-20 ns per element against 1-2 on this CPU, half of the kernel's time at S = 4096); a weight
+# below 1e-38 next to the row's largest, 1, is below float32's resolution of the sum anyway.
+UNDERFLOW = -87.0
+
 # elements of one (B, H, rows, S) block tensor: 2M floats (8 MiB in float32); the forward holds
 # one such tensor at a time, the backward two or three (measured: larger blocks raise the peak
 # above 1.5x unas's at S = 2048-4096, smaller ones take more time in per-operation overhead)
@@ -88,10 +95,10 @@ def _block(qs: Tensor, k: Tensor, a: int, b: int, head: int, carry: Tensor, mask
            exempt_bos: bool) -> tuple[Tensor, Tensor]:
     """(z, S) of queries [a, b): z (B, H, n, b) = every head's scores - F (-inf where not valid),
     S (B, n, b) the selections."""
-    kt = k[:, :, :b].transpose(-2, -1)
-    selection = _selection(torch.matmul(qs[:, head, a:b], kt[:, head]), a, b, *masks, exempt_bos)
-    penalty = _penalty(selection, carry, a, b, *masks)
-    z = torch.matmul(qs[:, :, a:b], kt).sub_(penalty[:, None])
+    z = torch.matmul(qs[:, :, a:b], k[:, :, :b].transpose(-2, -1))
+    # the selecting head's scores are z's own (a copy: z loses F next), not a product of their own
+    selection = _selection(z[:, head].clone(), a, b, *masks, exempt_bos)
+    z.sub_(_penalty(selection, carry, a, b, *masks)[:, None])
     return z, selection
 
 
@@ -114,7 +121,7 @@ class _SelectiveBlocks(torch.autograd.Function):
             # softmax: a row without any valid key (a padded query) takes max 0 and sum 1, so
             # that its weights are exp(-inf) = 0 and its lse finite
             m = z.amax(dim=-1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)
-            p = z.sub_(m).exp_()
+            p = F.threshold_(z.sub_(m), UNDERFLOW, -math.inf).exp_()
             total = p.sum(dim=-1, keepdim=True)
             total.masked_fill_(total == 0, 1.0)
             out[:, :, a:b] = torch.matmul(p, v[:, :, :b]).div_(total)
@@ -143,7 +150,7 @@ class _SelectiveBlocks(torch.autograd.Function):
             z, selection = _block(qs, k, a, b, head, carries[n], masks, ctx.exempt_bos)
             gate = selection > 0  # where the ReLU (and the masks) pass the selecting head a gradient
             del selection
-            p = z.sub_(lse[:, :, a:b]).exp_()
+            p = F.threshold_(z.sub_(lse[:, :, a:b]), UNDERFLOW, -math.inf).exp_()
             g = grad_out[:, :, a:b]
             dv[:, :, :b] += torch.matmul(p.transpose(-2, -1), g)
             dz = torch.matmul(g, v[:, :, :b].transpose(-2, -1)).sub_(delta[:, :, a:b]).mul_(p)

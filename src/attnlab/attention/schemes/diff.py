@@ -27,8 +27,10 @@ The weights the analyses record are the effective A per head: rows sum to 1 - la
 the mean sigmoid(x W_lambda) of the last forward).
 
 Paths (`route`): in a module (`attend_heads`), as the published multihead_flashdiff_1/_2.py,
-N(Q1 K1^T) V and N(Q2 K2^T) V are plain calls of the normalizer's own fast path (the value split
-into pieces of the query's width, one call each), subtracted in float32: no S x S map. The maps
+N(Q1 K1^T) V and N(Q2 K2^T) V are plain calls of the normalizer's own fast path, subtracted in
+float32: no S x S map. On the CPU each map is one call over the whole value (UNAS: the row-wise
+C++ kernel's softmax, which takes a value wider than the query); on a kernel of one head size
+(flash, Triton, Flex) the value is split into pieces of the query's width, one call each. The maps
 are materialized (`forward`, which returns them) where a call has no fast path, with attention
 dropout, and when a recorder reads the weights (computed then, on demand).
 """
@@ -84,6 +86,33 @@ class RMSNorm(nn.Module):
         xf = x.float() if x.dtype != torch.float64 else x
         out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return out * self.weight.to(x.dtype)
+
+
+class _DifferenceNorm(torch.autograd.Function):
+    """v1's tail on the fast path, in float32 / float64: y = n w with n = D r, D = o1 - lambda o2
+    (the two maps' outputs), r = 1 / sqrt(mean(D^2) + eps), w the norm's weight times
+    (1 - lambda_init). Autograd through the composed ops would keep D, n and n w besides o1 and
+    o2 (which the maps' kernels keep anyway); this keeps r alone and recomputes D: two
+    (B, H, S, d) tensors the fewer at diff's peak. With dn = g w: dD = r (dn - n mean(dn n)),
+    do1 = dD, do2 = -lambda dD, dlambda = -sum(dD o2), dw = sum of g n over the rows."""
+
+    @staticmethod
+    def forward(ctx, o1: Tensor, o2: Tensor, lam: Tensor, weight: Tensor, eps: float) -> Tensor:
+        d = o1.addcmul(lam, o2, value=-1)
+        r = torch.rsqrt(d.pow(2).mean(-1, keepdim=True).add_(eps))
+        ctx.save_for_backward(o1, o2, lam, weight, r)
+        return d.mul_(r).mul_(weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        o1, o2, lam, weight, r = ctx.saved_tensors
+        n = o1.addcmul(lam, o2, value=-1).mul_(r)
+        dweight = (grad * n).sum(dim=tuple(range(grad.dim() - 1)))
+        dn = grad * weight
+        dd = dn.sub_(n.mul_((dn * n).mean(-1, keepdim=True))).mul_(r)
+        dlam = (dd * o2).sum_to_size(lam.shape).neg_()
+        return dd, -lam * dd, dlam, dweight, None
 
 
 @register
@@ -169,18 +198,25 @@ class DiffAttention(HeadScheme):
     def _fast_calls(self, normalizer: Normalizer, heads: Heads):
         """Per map, [(path, call)] of its plain calls where the normalizer has a fast path for
         all of them and there is no attention dropout (one dropout mask on the effective A, as
-        the materialized weights have it); None otherwise. A value wider than the map's query
-        is split into pieces of the query's width, one call each (as the published
-        MultiheadFlashDiff2 does: ATen's CPU flash kernel, like flash-attn, takes one head size
-        for q, k and v, and falls back to its materialized math kernel otherwise)."""
+        the materialized weights have it); None otherwise. One call over the whole value where
+        the path takes a value wider than the query (`any_value_width`: the C++ CPU kernels;
+        UNAS's row-wise softmax); else the value is split into pieces of the query's width, one
+        call each (as the published MultiheadFlashDiff2 does: ATen's flash kernel, like
+        flash-attn, takes one head size for q, k and v, and would run its materialized math
+        kernel), which computes each map's scores once per piece."""
         if heads.dropout_p:
             return None
+        chosen = []
         with torch.autocast(device_type=heads.q.device.type, enabled=False):
-            calls = [[normalizer.call(qi, ki, vi, heads.key_padding_mask, heads.query_padding_mask,
-                                      heads.causal, mask_cache=heads.mask_cache)
-                      for vi in heads.v.split(qi.shape[-1], -1)]
-                     for qi, ki in self._pairs(heads.q, heads.k, heads.query)]
-        chosen = [[(normalizer.choose(call), call) for call in pieces] for pieces in calls]
+            for qi, ki in self._pairs(heads.q, heads.k, heads.query):
+                calls = [normalizer.call(qi, ki, vi, heads.key_padding_mask,
+                                         heads.query_padding_mask, heads.causal,
+                                         mask_cache=heads.mask_cache)
+                         for vi in (heads.v, *heads.v.split(qi.shape[-1], -1))]
+                whole = normalizer.choose(calls[0])
+                pieces = ([(whole, calls[0])] if whole is not None and whole.any_value_width
+                          else [(normalizer.choose(call), call) for call in calls[1:]])
+                chosen.append(pieces)
         return None if any(path is None for pieces in chosen for path, _ in pieces) else chosen
 
     def route(self, normalizer: Normalizer, heads: Heads) -> str:
@@ -203,11 +239,17 @@ class DiffAttention(HeadScheme):
             return super().attend_heads(normalizer, heads)
         with torch.autocast(device_type=heads.q.device.type, enabled=False):
             lam = self._lambda(heads.query, heads.query_padding_mask)
-            # the difference in float32 at least (it cancels most of the two outputs), piece by
-            # piece of the value: one (B, H, S_q, d_v) tensor the fewer at a time
-            out = torch.cat([path1(normalizer, call1).to(lam.dtype) - lam * path2(normalizer, call2)
-                             for (path1, call1), (path2, call2) in zip(*chosen)], -1)
-            out = self._finish(out.to(output_dtype(heads.v)))
+            # the difference in float32 at least (it cancels most of the two outputs); v1 on one
+            # call per map: the difference and its norm as one autograd node (_DifferenceNorm)
+            maps = [(path1(normalizer, call1).to(lam.dtype), path2(normalizer, call2).to(lam.dtype))
+                    for (path1, call1), (path2, call2) in zip(*chosen)]
+            dtype = output_dtype(heads.v)
+            if self.version == 1 and len(maps) == 1 and lam.dtype == dtype:
+                weight = self.subln.weight.to(dtype) * (1.0 - self.lambda_init)
+                out = _DifferenceNorm.apply(*maps[0], lam, weight, self.subln.eps)
+            else:
+                out = torch.cat([o1.addcmul(lam, o2, value=-1) for o1, o2 in maps], -1)
+                out = self._finish(out.to(dtype))
         return DeferredWeights(out, lambda: self(*args)[1])
 
     def forward(self, normalizer: Normalizer, q: Tensor, k: Tensor, v: Tensor,

@@ -43,7 +43,7 @@ def _run_blocked(normalizer, call: AttentionCall) -> Tensor:
                                        causal=call.causal, dropout_p=call.dropout_p)
 
 
-PATHS = (FastPath("blocked", _blocked_supports, _run_blocked),)
+PATHS = (FastPath("blocked", _blocked_supports, _run_blocked, any_value_width=True),)
 
 
 @register

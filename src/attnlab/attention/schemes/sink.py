@@ -65,7 +65,8 @@ def _run_flex(normalizer, call: AttentionCall) -> Tensor:
                                          call.causal, call.mask_cache)
 
 
-PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu), FastPath("flex", flex_cuda, _run_flex, flex_serves))
+PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu, any_value_width=True),
+         FastPath("flex", flex_cuda, _run_flex, flex_serves))
 
 
 @register

@@ -64,7 +64,7 @@ def _run_cpu(normalizer, call: AttentionCall) -> Tensor:
                                    causal=call.causal, dropout_p=call.dropout_p)
 
 
-PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu),)
+PATHS = (FastPath("fused_cpu", compiled_cpu, _run_cpu, any_value_width=True),)
 
 
 @register

@@ -28,7 +28,7 @@ from attnlab.attention.paths import AttentionCall, FastPath, flex_cuda, flex_ser
 from attnlab.attention.reference import safe_log_normalize
 from attnlab.attention.schemes.normalizer import Normalizer
 from attnlab.attention.schemes.registry import register
-from attnlab.attention.schemes.unas import FUSED_CPU, SDPA
+from attnlab.attention.schemes.unas import FUSED_CPU, ROWWISE_CPU, SDPA
 from attnlab.errors import ConfigError
 
 
@@ -46,7 +46,8 @@ class SSMaxOptions:
 
 # its kernels. On the CPU, UNAS's (schemes/unas.py) on q_i scaled by c_h log(n_i) (exact;
 # autograd gives dq and dc), in UNAS's order: the fused kernel with padding (not causal), ATen's
-# flash kernel through SDPA (causal too; no dropout), the fused kernel with dropout (not causal).
+# flash kernel through SDPA (causal too; no dropout; one head size), the fused kernel with dropout
+# or another value width (not causal), the row-wise kernel's softmax (causal, another value width).
 # On CUDA, FlexAttention (no dropout).
 def _on_cpu(normalizer, device, dtype, dropout_p, causal) -> bool:
     return device == "cpu"
@@ -71,7 +72,7 @@ def scaled(path: FastPath) -> FastPath:
     """UNAS's `path` on scaled queries, on the CPU: "scaled_<its name>"."""
     serves = None if path.serves is None else partial(_serves_scaled, path)
     return FastPath(f"scaled_{path.name}", partial(_both, _on_cpu, path.supports),
-                    partial(_run_scaled, path), serves)
+                    partial(_run_scaled, path), serves, path.any_value_width)
 
 
 def _both(first, second, *args) -> bool:
@@ -83,7 +84,7 @@ def _run_flex(normalizer, call: AttentionCall) -> Tensor:
                                           call.causal, call.mask_cache)
 
 
-PATHS = (scaled(FUSED_CPU).only(is_padded), scaled(SDPA), scaled(FUSED_CPU),
+PATHS = (scaled(FUSED_CPU).only(is_padded), scaled(SDPA), scaled(FUSED_CPU), scaled(ROWWISE_CPU),
          FastPath("flex", flex_cuda, _run_flex, flex_serves))
 
 

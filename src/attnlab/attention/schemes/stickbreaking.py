@@ -66,7 +66,8 @@ def _run_blocked(normalizer, call: AttentionCall) -> Tensor:
                                         attend_current=normalizer.options.attend_current)
 
 
-PATHS = (FastPath("blocked", _blocked_supports, _run_blocked, _more_than_one_block),)
+PATHS = (FastPath("blocked", _blocked_supports, _run_blocked, _more_than_one_block,
+                  any_value_width=True),)
 
 
 @register

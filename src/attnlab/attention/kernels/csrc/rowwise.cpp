@@ -1,4 +1,4 @@
-// Fused row-wise attention for the CPU (sigmoid, sink, softpick): forward and exact backward
+// Fused row-wise attention for the CPU (sigmoid, sink, softpick, softmax): forward and exact backward
 // without any S_q x S_k tensor, with key / query padding, a causal mask (top-left aligned: row i
 // sees keys j <= i) and attention dropout (dropout.h, the same keep mask as everywhere).
 //
@@ -9,6 +9,8 @@
 //             ds_ij = w (1 - w) dP~,  dbeta_i = sum_j ds_ij
 //   sink      w_ij = exp(s_ij - r_i), r_i = log(exp(beta_i) + sum_j exp(s_ij))  (beta: b_h)
 //             ds_ij = w (dP~ - D_i),  dbeta_i = -exp(beta_i - r_i) D_i   (the sink's value is 0)
+//   softmax   the sink without its term: r_i = log(sum_j exp(s_ij)), no beta (UNAS where the
+//             value is wider than the query, which ATen's flash kernel refuses: diff's maps)
 //   softpick  w_ij = relu(e^{s-c} - e^{-c}) / L_i, L_i = sum_valid |e^{s-c} - e^{-c}| + eps, c_i =
 //             max(max_j s_ij, 0) (as schemes/softpick.py: eps added to the shifted sum),
 //             r_i = c_i + log L_i, w_ij = max(exp(s_ij - r_i) - exp(-r_i), 0)
@@ -35,7 +37,7 @@
 
 namespace {
 
-enum Kind : int64_t { kSigmoid = 0, kSink = 1, kSoftpick = 2 };
+enum Kind : int64_t { kSigmoid = 0, kSink = 1, kSoftpick = 2, kSoftmax = 3 };
 
 // Vector chunk j of a row of n (count lanes valid; the rest read as `fill`), and its store.
 template <typename T>
@@ -144,8 +146,15 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             chunks<T>(n, [&](int64_t j, int64_t c) { st(vsigmoid(ld(x, j, c, T(0)) + vb), x, j, c); });
             row_scale[r] = T(1);
             rs[i] = T(0);
-          } else if (kind == kSink) {
-            const T m = std::max(row_max(x, n), beta[i]);  // beta finite
+          } else if (kind == kSink || kind == kSoftmax) {
+            const T mx = row_max(x, n);
+            const T m = kind == kSink ? std::max(mx, beta[i]) : mx;  // beta finite
+            if (std::isinf(m)) {  // softmax, no valid key: out 0, r = +inf (no gradient)
+              std::fill(x, x + n, T(0));
+              row_scale[r] = T(0);
+              rs[i] = T(kInf);
+              continue;
+            }
             const V vm(m);
             V sum(T(0));
             chunks<T>(n, [&](int64_t j, int64_t c) {
@@ -153,7 +162,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               st(e, x, j, c);
               sum = sum + e;
             });
-            const T l = hsum(sum) + std::exp(beta[i] - m);
+            const T l = hsum(sum) + (kind == kSink ? std::exp(beta[i] - m) : T(0));
             row_scale[r] = T(1) / l;
             rs[i] = m + std::log(l);
           } else {  // softpick
@@ -211,7 +220,7 @@ T grad_row(int64_t kind, T* x, T* dp, T beta, T r, T D, const T* keep, int64_t n
       w = vsigmoid(s + vb);
       ds = w * (one - w) * g;
       acc = acc + ds;
-    } else if (kind == kSink) {
+    } else if (kind == kSink || kind == kSoftmax) {
       w = vexp(s - vr);
       ds = w * (g - vD);
     } else {
@@ -302,8 +311,8 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_
               "q, k, v must share one dtype");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "the fused row-wise kernel runs in float32 or float64");
-  TORCH_CHECK(kind >= 0 && kind <= 2, "kind: 0 sigmoid, 1 sink, 2 softpick");
-  TORCH_CHECK(kind == kSoftpick || beta.has_value(), "sigmoid and sink need beta (B, H, S_q)");
+  TORCH_CHECK(kind >= 0 && kind <= 3, "kind: 0 sigmoid, 1 sink, 2 softpick, 3 softmax");
+  TORCH_CHECK(kind >= kSoftpick || beta.has_value(), "sigmoid and sink need beta (B, H, S_q)");
   if (beta.has_value())
     TORCH_CHECK(beta->is_contiguous() && beta->scalar_type() == q.scalar_type() &&
                     beta->numel() == q.size(0) * q.size(1) * q.size(2),
