@@ -136,10 +136,10 @@ def test_enable_progress_bar_false_works_as_typed(enabled):
     """Lightning refuses `enable_progress_bar=False` beside a progress bar callback: the runner
     leaves the bar out instead, so the standard option works as users type it."""
     import pytorch_lightning as pl
+    from helpers.paths import CONF
     from omegaconf import OmegaConf
 
     from attnlab.runner import build_callbacks
-    from helpers.paths import CONF
 
     callbacks = OmegaConf.load(CONF / "callbacks" / "default.yaml")
     cfg = OmegaConf.create({"trainer": {"enable_progress_bar": enabled}, "callbacks": {
