@@ -10,6 +10,7 @@ import numpy as np
 
 from attnlab.study import stats
 from attnlab.study.evidence import ClaimResult, not_tested
+from attnlab.study.reproduce import length
 from attnlab.study.reproduce.length import (
     CAP,
     LENGTHS,
@@ -96,6 +97,23 @@ def contrast_row(j: Judged, power: Power | None) -> str:
     return (f"| {j.name} | {_fmt(c.scheme_mean)} | {_fmt(c.baseline_mean)} | {c.difference:+.3f} "
             f"[{low:+.3f}, {high:+.3f}]{ni} | {_fmt(c.effect_size, '.2f')} | "
             f"{_fmt(c.p_adjusted, '.3g')} | {seeds} | **{j.verdict}** |")
+
+
+def hooks(claim: dict):
+    """`runs`, `more_runs` and `evaluate` of a length claim module (its globals: NAME,
+    REGISTRATION, ...), what the reproduce registry calls on every claim."""
+    name, reg = claim["NAME"], claim["REGISTRATION"]
+
+    def runs(plan) -> list:
+        return length.pilot_runs(plan, name, reg)
+
+    def more_runs(plan, results) -> list:
+        return length.more_runs(plan, name, reg, results)
+
+    def evaluate_claim(plan, results, out_dir):
+        return evaluate(plan, results, out_dir, claim)
+
+    return runs, more_runs, evaluate_claim
 
 
 def evaluate(plan, results, out_dir: Path, claim: dict) -> ClaimResult:

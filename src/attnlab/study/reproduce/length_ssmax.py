@@ -28,13 +28,4 @@ REGISTRATION = Registration(
 )
 
 
-def runs(plan) -> list:
-    return length.pilot_runs(plan, NAME, REGISTRATION)
-
-
-def more_runs(plan, results) -> list:
-    return length.more_runs(plan, NAME, REGISTRATION, results)
-
-
-def evaluate(plan, results, out_dir):
-    return length_report.evaluate(plan, results, out_dir, globals())
+runs, more_runs, evaluate = length_report.hooks(globals())
