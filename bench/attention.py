@@ -234,18 +234,7 @@ def run_worker(method: str, S: int, B: int, H: int, d: int, repeats: int, thread
     forward_backward(*small)
     del small
     tensors = inputs(S)
-    result = {}
-    for name, step in (("fwd", forward), ("fwdbwd", forward_backward)):
-        wall, cpu = [], []
-        for _ in range(repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            step(*tensors)
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            for x in tensors:
-                x.grad = None
-        result[name] = wall
-        result[name + "_cpu"] = cpu
+    result = time_steps({"fwd": forward, "fwdbwd": forward_backward}, tensors, repeats)
     # ru_maxrss is in KiB on Linux.
     result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return result
@@ -261,6 +250,23 @@ def run_config(method: str, S: int, args) -> dict:
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:80]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def time_steps(steps: dict, tensors: list, repeats: int) -> dict:
+    """{name: wall seconds of each of `repeats` runs, name_cpu: CPU seconds (user + system of
+    the process)} of each step on `tensors`, their gradients cleared after each run."""
+    result = {}
+    for name, step in steps.items():
+        wall, cpu = [], []
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            step(*tensors)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            for x in tensors:
+                x.grad = None
+        result[name], result[name + "_cpu"] = wall, cpu
+    return result
 
 
 def merge(runs: list[dict], stat: str = "median") -> dict:

@@ -52,10 +52,9 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from attention import merge, write_table  # bench/ is on the path: this script's folder
+from attention import merge, time_steps, write_table  # bench/ is on the path: this script's folder
 
 BASE_NORMALIZER, BASE_MODULE = "sdpa", "unas_module"
 
@@ -153,17 +152,7 @@ def run_worker(name: str, S: int, B: int, H: int, d: int, repeats: int, threads:
     tensors = inputs(S)
     routes.clear()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    result = {}
-    for step_name, step in (("fwd", forward), ("fwdbwd", forward_backward)):
-        wall, cpu = [], []
-        for _ in range(repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            step(*tensors)
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            for x in tensors:
-                x.grad = None
-        result[step_name], result[step_name + "_cpu"] = wall, cpu
+    result = time_steps({"fwd": forward, "fwdbwd": forward_backward}, tensors, repeats)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result["peak_gib"] = (after - before) / 2**20
     result["rss_gib"] = after / 2**20
