@@ -179,6 +179,23 @@ def test_selective_kernel_for_any_block_size(rows):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
+def test_selective_kernel_gives_padded_keys_exactly_nothing_in_float32():
+    """float32, logits far below the row's max (where exp is clamped, then set to 0): a padded
+    key's value gets exactly no gradient and changes no output, the future's value neither."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, H, 11, 8, generator=g).mul(6).requires_grad_() for _ in range(3))
+    _, mask = batch()
+    out = selective_blocks.selective_attention(q, k, v, mask, None, 0, True, 4)
+    (dv,) = torch.autograd.grad(out.sum(), [v])
+    assert (dv[mask[:, None, :, None].expand_as(dv)] == 0).all()
+    with torch.no_grad():
+        moved = v.detach().clone()
+        moved[mask[:, None, :, None].expand_as(moved)] = 1e3
+        moved[..., 7:, :] += 1e3  # the future of queries 0-6
+        again = selective_blocks.selective_attention(q, k, moved, mask, None, 0, True, 4)
+    assert torch.equal(again[..., :7, :], out[..., :7, :])
+
+
 def test_selective_records_its_weights_and_materializes_elsewhere(small_blocks):
     m = selective_module().eval()
     x, mask = batch()

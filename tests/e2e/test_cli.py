@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers.cards import CARDS, TINY
+from helpers.cards import CARDS, TINY, shares
 from helpers.cli import QUIET, cli_env, metrics_files, run_cli, run_here
 from helpers.paths import ROOT
 
@@ -33,12 +33,29 @@ def accepted_schemes(task: str) -> tuple[list[str], list[str]]:
     return [n for n in names() if n in fits], [n for n in names() if n not in fits]
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_fast_dev_run_every_registered_scheme(task, tmp_path, data_dir):
-    """One multirun process runs every registered scheme the task accepts through train, val and
+def scheme_runs() -> list:
+    """(task, schemes) per test case: every registered scheme in every task, the first task of
+    each kind whole and the others' shares in the default suite, the rest `slow` (helpers.cards.
+    shares); a scheme is registered once and runs in a task of each kind without an edit here."""
+    from attnlab.attention import names
+
+    cases = []
+    for task, (share, rest) in shares(names()).items():
+        if task not in TASKS:
+            continue
+        cases.append(pytest.param(task, share, id=task))
+        if rest:
+            cases.append(pytest.param(task, rest, id=f"{task}-rest", marks=pytest.mark.slow))
+    return cases
+
+
+@pytest.mark.parametrize(("task", "schemes"), scheme_runs())
+def test_fast_dev_run_every_registered_scheme(task, schemes, tmp_path, data_dir):
+    """One multirun process runs the registered schemes the task accepts through train, val and
     test; the ones it refuses fail at once with the clear message (recorded, sweep goes on)."""
     accepted, refused = accepted_schemes(task)
-    models = accepted + refused
+    models = [s for s in accepted + refused if s in schemes]
+    refused = [s for s in refused if s in schemes]
     run_here(["-m", f"task={task}", f"model={','.join(models)}", "debug=fast", "callbacks=minimal",
               *TINY[task], *QUIET], tmp_path, data_dir)
     records = metrics_files(tmp_path / "outputs" / "multirun")
@@ -103,8 +120,10 @@ def test_every_task_takes_an_output_gate(task, tmp_path, data_dir):
     assert set(params["gate_mean"]) <= set(params["sink_b"])  # gated where the scheme runs
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
-                         ids=["SIGTERM", "SIGINT"])
+# SIGTERM `slow`: the default suite's W&B fixture (tests/e2e/test_wandb.py) preempts a sweep with
+# it and resumes; both signals go through one handler
+@pytest.mark.parametrize(("signum", "code"), [pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
+                                              (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path, data_dir, signum, code):
     """Preemption (SIGTERM) and Ctrl-C (SIGINT) write last.ckpt at the moment of the signal and
     exit as a shell reports the signal (128 + its number); the run then resumes from it."""

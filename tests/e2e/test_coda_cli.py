@@ -5,16 +5,22 @@ import json
 
 import pytest
 import torch
-from helpers.cards import CARDS, MULTI_HEAD, TINY
+from helpers.cards import CARDS, MULTI_HEAD, TINY, shares
 from helpers.cli import QUIET, metrics_files, run_here
 
+MODELS = ["coda", "repulsive"]
+# both in the first task of each kind, in turn in the others; the rest `slow` (helpers.cards.shares)
+CASES = [pytest.param(task, models, id=task + suffix, marks=marks)
+         for task, (share, rest) in shares(MODELS).items()
+         for models, suffix, marks in ((share, "", ()), (rest, "-rest", pytest.mark.slow)) if models]
 
-@pytest.mark.parametrize("task", list(TINY))
-def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
-    proc = run_here(["-m", f"task={task}", "model=coda,repulsive", "debug=fast", *TINY[task], *MULTI_HEAD[task],
-                     *QUIET], tmp_path, data_dir)
+
+@pytest.mark.parametrize(("task", "models"), CASES)
+def test_coda_and_repulsive_run_in_every_task(task, models, tmp_path, data_dir):
+    proc = run_here(["-m", f"task={task}", f"model={','.join(models)}", "debug=fast", *TINY[task],
+                     *MULTI_HEAD[task], *QUIET], tmp_path, data_dir)
     records = {r["model"]: r for r in metrics_files(tmp_path / "outputs" / "multirun")}
-    assert sorted(records) == ["coda", "repulsive"]
+    assert sorted(records) == sorted(models)
     for r in records.values():
         assert r["status"] == "ok", r.get("error")
         m = r["metrics"]
@@ -31,7 +37,7 @@ def test_coda_and_repulsive_run_in_every_task(task, tmp_path, data_dir):
             assert (r["_dir"] / "predictions.tsv").is_file() and "test/bleu" in m
         if task == "lm":  # samples at the end of test (CODA's cascade decoded row by row)
             assert "greedy: " in (r["_dir"] / "predictions.txt").read_text()
-    assert "repulsive attention (svgd)" in proc.stdout
+    assert ("repulsive attention (svgd)" in proc.stdout) == ("repulsive" in models)
 
 
 def test_eval_reloads_a_coda_checkpoint(tmp_path, data_dir):
