@@ -64,9 +64,10 @@ LAYERS: list[tuple[str, list[str]]] = [
                             "attnlab.attention.layers", "attnlab.attention.stack",
                             "attnlab.attention.kv_cache", "attnlab.attention.recording"]),
     # built on the attention modules: torch.compile, FSDP, the transformers adapter; config
-    # validation (its rules are imported by the tasks' classes)
+    # validation (its rules are imported by the tasks' classes); the sink and outlier numbers of
+    # a model's weights and hidden states
     ("model machinery", ["attnlab.compiling", "attnlab.fsdp", "attnlab.hf.*",
-                         "attnlab.config_schema"]),
+                         "attnlab.config_schema", "attnlab.diagnostics"]),
     ("task module", ["attnlab.task_module"]),
     ("callbacks", ["attnlab.callbacks.*"]),
     # the tasks: above what they build on, below what loads them by name
@@ -81,7 +82,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("study drivers", ["attnlab.study.*"]),
     # `python -m attnlab.<command>`
     ("commands", ["attnlab.report", "attnlab.compare", "attnlab.reproduce", "attnlab.dashboards",
-                  "attnlab.docs", "attnlab.sync"]),
+                  "attnlab.docs", "attnlab.sync", "attnlab.diagnose"]),
 ]
 
 

@@ -19,7 +19,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab import wandb_runs
+from attnlab import diagnostics, wandb_runs
 from attnlab.attention import scheme_values
 from attnlab.files import atomic_write_text
 from attnlab.fsdp import full_parameters
@@ -82,6 +82,9 @@ def print_summary(title: str, record: dict) -> None:
     console.print(table)
     for grid in _bucket_grids(buckets):
         console.print(grid)
+    outliers = diagnostics.table(record.get("metrics", {}))
+    if outliers is not None:
+        console.print(outliers)
     for key, layers in record.get("scheme_params", {}).items():
         for name, values in layers.items():
             console.print(f"{key}  {name}: {values}")

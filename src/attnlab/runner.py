@@ -329,8 +329,9 @@ def _task_references(node, prefix: str = ""):
             yield from _task_references(node.get(name), f"{prefix}{name}.")
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
+def load_checkpoint_module(cfg: DictConfig):
+    """(module with the checkpoint's weights, its datamodule set up, the task config) of an eval
+    config's `ckpt_path`; task and model come from its run's config."""
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise ConfigError("ckpt_path is required: python eval.py "
                           "ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
@@ -367,7 +368,13 @@ def evaluate(cfg: DictConfig) -> dict:
             f"(task={task_cfg.name}): {type(err).__name__}: {str(err).splitlines()[0]}; give "
             f"task=<its task> or keep the checkpoint inside its run dir (next to config.yaml)"
         ) from err
-    del checkpoint
+    return module, datamodule, task_cfg
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
+    module, datamodule, task_cfg = load_checkpoint_module(cfg)
+    ckpt = Path(str(cfg.ckpt_path))
     trainer = build_trainer(cfg, logger=False, callbacks=[])
     if cfg.split == "val":
         results = trainer.validate(module, datamodule=datamodule)

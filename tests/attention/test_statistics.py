@@ -78,12 +78,12 @@ def test_examples_without_a_valid_query_are_left_out():
 
 
 # ----------------------------------------------------------------------------- rows that need not sum to 1
-def test_entropy_and_sink_mass_of_sub_stochastic_rows_against_hand_computed_values():
+def test_entropy_and_unassigned_mass_of_sub_stochastic_rows_against_hand_computed_values():
     from attnlab.attention.statistics import (
         RowStats,
         attention_entropy,
         row_distributions,
-        sink_mass,
+        unassigned_mass,
         valid_rows,
     )
 
@@ -98,7 +98,7 @@ def test_entropy_and_sink_mass_of_sub_stochastic_rows_against_hand_computed_valu
     h0 = math.log(3) - 2 / 3 * math.log(2)
     entropy = attention_entropy(w, rows)[:, 0]
     torch.testing.assert_close(entropy, torch.tensor([h0, 0.0, math.log(3)], dtype=torch.float64))
-    torch.testing.assert_close(sink_mass(w, rows)[:, 0], torch.tensor([0.25, 1.0, 0.4], dtype=torch.float64))
+    torch.testing.assert_close(unassigned_mass(w, rows)[:, 0], torch.tensor([0.25, 1.0, 0.4], dtype=torch.float64))
     p = row_distributions(w)
     assert not p.isnan().any() and torch.allclose(p.sum(-1), torch.ones(1, 1, 4, dtype=torch.float64))
     assert p[0, 0, 1].tolist() == [0, 0, 0, 1]  # no mass: the point mass on "nowhere"
@@ -108,8 +108,8 @@ def test_entropy_and_sink_mass_of_sub_stochastic_rows_against_hand_computed_valu
     stats.merge_state(other)
     out = stats.compute()
     assert out["entropy"].item() == pytest.approx((h0 + 0 + math.log(3)) / 3)
-    assert out["sink_mass"].item() == pytest.approx((0.25 + 1 + 0.4) / 3)
-    assert sorted(stats.sink_masses().tolist()) == pytest.approx([0.25, 0.4, 1.0])
+    assert out["unassigned_mass"].item() == pytest.approx((0.25 + 1 + 0.4) / 3)
+    assert sorted(stats.unassigned_masses().tolist()) == pytest.approx([0.25, 0.4, 1.0])
     assert all(math.isnan(v) for v in RowStats().compute().values())
 
 
@@ -135,8 +135,13 @@ def _weights_of(name, q, k, kpm, qpm):
 
 
 @pytest.mark.parametrize("name", sorted(NORMALIZERS))
-def test_sink_mass_is_zero_for_normalizing_schemes_and_one_minus_the_row_sum_otherwise(name):
-    from attnlab.attention.statistics import RowStats, attention_entropy, sink_mass, valid_rows
+def test_unassigned_mass_is_zero_for_normalizing_schemes_and_one_minus_the_row_sum_otherwise(name):
+    from attnlab.attention.statistics import (
+        RowStats,
+        attention_entropy,
+        unassigned_mass,
+        valid_rows,
+    )
 
     g = torch.Generator().manual_seed(0)
     B, H, S = 2, 2, 6
@@ -145,7 +150,7 @@ def test_sink_mass_is_zero_for_normalizing_schemes_and_one_minus_the_row_sum_oth
     pad[1, 4:] = True
     w = _weights_of(name, q, k, pad, pad)
     rows = valid_rows(w, pad, pad)
-    sinks = sink_mass(w, rows)
+    sinks = unassigned_mass(w, rows)
     assert sinks.shape == (6 + 4, H)  # the second example's two padded queries left out
     if NORMALIZERS[name].rows_sum_to_one:
         assert sinks.abs().max() < 1e-5, name
@@ -156,14 +161,14 @@ def test_sink_mass_is_zero_for_normalizing_schemes_and_one_minus_the_row_sum_oth
     assert (entropy <= math.log(S) + 1e-6).all()
     stats = RowStats()
     stats.update(w, pad, pad)
-    assert stats.compute()["sink_mass"].item() == pytest.approx(float(sinks.mean()), abs=1e-6)
+    assert stats.compute()["unassigned_mass"].item() == pytest.approx(float(sinks.mean()), abs=1e-6)
 
 
-def test_a_sink_scheme_s_sink_mass_is_the_sink_s_share():
-    """A throwaway softmax with one extra logit b per head (the sink): the sink mass is
+def test_a_sink_scheme_s_unassigned_mass_is_the_sink_s_share():
+    """A throwaway softmax with one extra logit b per head (the sink): the unassigned mass is
     exp(b) / (exp(b) + sum_j exp(s_ij)), the weight the sink took."""
     from attnlab.attention.schemes import Normalizer, register, unregister
-    from attnlab.attention.statistics import sink_mass, valid_rows
+    from attnlab.attention.statistics import unassigned_mass, valid_rows
 
     @register
     class ZeroSink(Normalizer):
@@ -180,6 +185,6 @@ def test_a_sink_scheme_s_sink_mass_is_the_sink_s_share():
         w = _weights_of("zero_sink_test", q, k, None, None)
         s = q @ k.transpose(-1, -2) / 2.0  # scores scaled by 1/sqrt(d)
         expected = 1 / (1 + s.double().exp().sum(-1))  # exp(0) / (exp(0) + sum exp s)
-        torch.testing.assert_close(sink_mass(w, valid_rows(w)), expected.transpose(1, 2)[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(unassigned_mass(w, valid_rows(w)), expected.transpose(1, 2)[0], rtol=1e-5, atol=1e-6)
     finally:
         unregister("zero_sink_test")

@@ -45,11 +45,11 @@ def test_entropy_of_uniform_attention_is_log_of_the_valid_keys(tmp_path):
         assert "explained_away/layer0/min_col_sum_times_S" in trainer.callback_metrics
 
 
-def test_sink_mass_and_entropy_of_a_sink_scheme_per_layer(tmp_path):
+def test_unassigned_mass_and_entropy_of_a_sink_scheme_per_layer(tmp_path):
     """A throwaway sink scheme (softmax over the keys and one extra zero logit) on uniform logits:
     each valid row of an example with n valid keys gives 1/(n+1) to every key and to the sink, so
-    its sink mass is 1/(n+1) and its entropy (of the row renormalized over its mass) log n. UNAS
-    gives sink mass 0. The CSV logger gets the histogram's quantiles."""
+    its unassigned mass is 1/(n+1) and its entropy (of the row renormalized over its mass) log n. UNAS
+    gives unassigned mass 0. The CSV logger gets the histogram's quantiles."""
     import csv
 
     from pytorch_lightning.loggers import CSVLogger
@@ -83,11 +83,11 @@ def test_sink_mass_and_entropy_of_a_sink_scheme_per_layer(tmp_path):
             trainer.validate(UniformAttention(scheme), DataLoader(TensorDataset(x, mask), batch_size=2),
                              verbose=False)
             m = trainer.callback_metrics
-            assert float(m["explained_away/layer0/sink_mass"]) == pytest.approx(sink, abs=1e-6), scheme
+            assert float(m["explained_away/layer0/unassigned_mass"]) == pytest.approx(sink, abs=1e-6), scheme
             assert float(m["explained_away/layer0/entropy"]) == pytest.approx(entropy, rel=1e-5), scheme
             trainer.logger.save()
             with open(trainer.logger.experiment.metrics_file_path) as f:
                 columns = next(csv.reader(f))
-            assert "explained_away/layer0/sink_mass_rows/q50" in columns
+            assert "explained_away/layer0/unassigned_mass_rows/q50" in columns
     finally:
         unregister("zero_sink_cb_test")

@@ -168,7 +168,7 @@ def test_every_registered_scheme_with_every_analysis_callback(scheme, tmp_path):
     for l in range(2):
         assert torch.isfinite(m[f"explained_away/layer{l}/min_col_sum_times_S"])
         assert torch.isfinite(m[f"explained_away/layer{l}/entropy"])
-        sink = m[f"explained_away/layer{l}/sink_mass"]  # mean 1 - row sum: 0 where rows sum to 1
+        sink = m[f"explained_away/layer{l}/unassigned_mass"]  # mean 1 - row sum: 0 where rows sum to 1
         assert torch.isfinite(sink) and (abs(float(sink)) < 1e-5 or not rows_sum_to_one)
     if AttentionSpec.from_config(scheme).normalization in ("dnas", "sinkhorn"):  # the DNAS lemma
         assert all(m[f"explained_away/layer{l}/min_col_sum_times_S"] >= 1 - 1e-4 for l in range(2))

@@ -5,6 +5,7 @@ checkpoints as artifacts. The runs are made once per module and shared by the te
 import functools
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -261,3 +262,41 @@ def test_logger_settings(tmp_path, monkeypatch):
             wandb_runs.logger_kwargs(cfg, conf, group="mlm")
     conf.log_model = "best"  # attnlab's upload, not Lightning's (which refuses offline runs)
     assert wandb_runs.logger_kwargs(cfg, conf, group="mlm")["log_model"] is False
+
+
+@pytest.mark.parametrize("task", list(TINY))
+def test_every_task_records_sinks_and_outliers_at_the_end_of_test(task, task_runs):
+    """OutlierDiagnostics (on by default): the numbers per layer and for the model in
+    metrics.json, diagnostics.json and .png in the run dir, the per-head sink importances as a
+    W&B histogram."""
+    run = task_runs[task]
+    metrics = json.loads((run / "metrics.json").read_text())["metrics"]
+    for key in ("sink_rate", "sink_rate_eps0.2", "zero_share", "kurtosis", "max_kurtosis", "max_abs",
+                "top1_over_median", "layer0/sink_rate", "layer0/kurtosis", "layer0/pooled_kurtosis"):
+        value = metrics[f"diagnostics/{key}"]
+        assert math.isfinite(value), (key, value)
+    assert 0 <= metrics["diagnostics/sink_rate"] <= metrics["diagnostics/sink_rate_eps0.2"] <= 1
+    assert metrics["diagnostics/kurtosis"] >= 1  # mu4 / s^4 >= 1 for any sample (Pearson)
+    saved = json.loads((run / "diagnostics.json").read_text())
+    assert saved["model"]["sink_rate"] == pytest.approx(metrics["diagnostics/sink_rate"])
+    assert (run / "diagnostics.png").stat().st_size > 1000
+    summary = {}
+    for fragment in fragments(run):
+        summary.update(inspect(fragment)["summary"])
+    assert summary["diagnostics/layer0/sink_importance_hist"]["_type"] == "histogram"
+
+
+def test_diagnose_a_checkpoint_reproduces_the_run_s_own_numbers(task_runs, tmp_path, capsys):
+    """`python -m attnlab.diagnose <best checkpoint>` (in this process) rebuilds the run's model
+    and measures the same test batches: the numbers the run wrote at its end."""
+    from attnlab.diagnose import main
+
+    run = task_runs["lm"]
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    assert main([str(best), "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "diagnostics.json").read_text())["model"]
+    saved = json.loads((run / "diagnostics.json").read_text())["model"]
+    assert again.keys() == saved.keys()
+    for key, value in saved.items():
+        assert again[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert "sink rate" in capsys.readouterr().out

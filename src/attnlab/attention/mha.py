@@ -232,7 +232,8 @@ class MultiHeadAttention(nn.Module):
             weights = self.normalizer.attention_weights(heads.q, heads.k, heads.key_padding_mask,
                                                         heads.query_padding_mask, heads.causal)
         record = AttentionRecord(weights.detach().float(), heads.key_padding_mask,
-                                 heads.query_padding_mask, attended.out.detach().float())
+                                 heads.query_padding_mask, attended.out.detach().float(),
+                                 causal=bool(heads.causal))
         for recorder in recorders:
             recorder.receive(self, record)
 

@@ -18,6 +18,7 @@ class AttentionRecord:
     key_padding_mask: Tensor | None  # (B, S_k) True = padding
     query_padding_mask: Tensor | None  # (B, S_q)
     head_outputs: Tensor  # (B, H, S_q, d_v) float32, before the output projection
+    causal: bool = False  # query i attended to keys up to i only (the sink rate's denominators)
 
     @cached_property
     def column_sums(self) -> Tensor:

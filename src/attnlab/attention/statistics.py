@@ -12,17 +12,19 @@ classify task's hop diversity.
 
 And the one definition of a row's distribution for schemes whose rows need not sum to 1
 (`Normalizer.rows_sum_to_one` False: sigmoid, sink, softpick, stick-breaking). A valid query row i
-has mass `m_i = sum_j w_ij`; its **sink mass** is `1 - m_i` (`sink_mass`: 0 under a normalizing
+has mass `m_i = sum_j w_ij`; its **unassigned mass** is `1 - m_i` (`unassigned_mass`: 0 under a normalizing
 scheme, the weight a sink absorbed, negative where sigmoid's row exceeds 1). Its **distribution**
 (`row_distributions`), on which entropy and JSD are computed, is the row renormalized over its
 mass, `w_ij / m_i` (signed weights, differential attention's, by their positive part), and
 where `m_i = 0` the point mass on one extra outcome, "nowhere" (entropy 0,
 JSD log 2 against any row that attends somewhere, 0 against another such row). Entropy and JSD thus
 measure where a row's attention goes, comparably across schemes (log S: uniform, 0: one key), and
-the sink mass, reported beside them, how much of it there is. Column sums stay those of the
+the unassigned mass, reported beside them, how much of it there is. Column sums stay those of the
 weights as applied (what the next layer receives): a key with `c_j < 1e-8` is unused whatever the
-reason, and the sink mass tells whether the weight went to other keys (explaining away) or
+reason, and the unassigned mass tells whether the weight went to other keys (explaining away) or
 nowhere (a sink). `valid_rows` decides the rows from the padding masks, never from the row sums.
+(Named `sink_mass` before: the attention-sink papers' sink rate is another number, the weight
+heads put on one key, `attnlab.diagnostics`; attnlab.reproduce still reads an older run's key.)
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class ColumnStats(Metric):
         out = {"explained_away": self.below / self.valid if self.valid > 0 else nan,
                "min_col_sum_x_S": self.min_x_s if torch.isfinite(self.min_x_s) else nan,
                "min_col_sum": nan, "bound_1_over_S": nan}
-        minima = _cat(self.minima)
+        minima = concatenated(self.minima)
         if minima.numel():
             low = minima[minima[:, 0].argmin()]
             out["min_col_sum"], out["bound_1_over_S"] = low[0], 1.0 / low[1]
@@ -129,10 +131,11 @@ class ColumnStats(Metric):
         return {k: torch.as_tensor(v).float() for k, v in out.items()}
 
     def log_column_sums(self) -> Tensor:
-        return _cat(self.log_col).flatten().cpu()
+        return concatenated(self.log_col).flatten().cpu()
 
 
-def _cat(state) -> Tensor:
+def concatenated(state) -> Tensor:
+    """A list state of a torchmetrics Metric as one tensor (after a DDP sync: already one)."""
     if isinstance(state, Tensor):  # already concatenated by a DDP sync
         return state
     return torch.cat(state) if state else torch.empty(0)
@@ -162,7 +165,7 @@ def row_distributions(weights: Tensor) -> Tensor:
     "nowhere" (the last outcome): `w / sum(w)` where the row has mass, the point mass on nowhere
     where it has none (the module docstring's definition). Sums to 1; never NaN. Signed weights
     (differential attention's A = A1 - lambda A2) count by their positive part: where the row's
-    attention goes; the cancelled mass shows in the sink mass, 1 - sum_j w_ij."""
+    attention goes; the cancelled mass shows in the unassigned mass, 1 - sum_j w_ij."""
     w = weights.double().clamp(min=0)  # a no-op for every non-negative scheme
     mass = w.sum(-1, keepdim=True)
     empty = mass <= 0
@@ -183,7 +186,7 @@ def attention_entropy(weights: Tensor, rows: Tensor | None = None) -> Tensor:
     return _per_row(torch.special.entr(row_distributions(weights)).sum(-1), rows)
 
 
-def sink_mass(weights: Tensor, rows: Tensor | None = None) -> Tensor:
+def unassigned_mass(weights: Tensor, rows: Tensor | None = None) -> Tensor:
     """(N, H) float64: `1 - sum_j w_ij` of every valid row (0 under a normalizing scheme)."""
     if rows is None:
         rows = valid_rows(weights)
@@ -191,16 +194,16 @@ def sink_mass(weights: Tensor, rows: Tensor | None = None) -> Tensor:
 
 
 class RowStats(Metric):
-    """Entropy and sink mass of the valid rows over batches (a torchmetrics Metric, reduced
-    across DDP processes). compute() -> {"entropy": mean nats, "sink_mass": mean 1 - row sum}
-    over heads and valid rows (NaN when nothing was counted); `sink_masses()` every row's sink
+    """Entropy and unassigned mass of the valid rows over batches (a torchmetrics Metric, reduced
+    across DDP processes). compute() -> {"entropy": mean nats, "unassigned_mass": mean 1 - row sum}
+    over heads and valid rows (NaN when nothing was counted); `unassigned_masses()` every row's unassigned
     mass seen (for histograms)."""
 
     full_state_update = False
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        for name in ("count", "entropy_sum", "sink_sum"):
+        for name in ("count", "entropy_sum", "unassigned_sum"):
             self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("sinks", default=[], dist_reduce_fx="cat")
 
@@ -209,21 +212,21 @@ class RowStats(Metric):
         rows = valid_rows(weights, key_padding_mask, query_padding_mask)
         if not rows.any():
             return
-        sinks = sink_mass(weights, rows)
+        sinks = unassigned_mass(weights, rows)
         self.count += sinks.numel()
         self.entropy_sum += attention_entropy(weights, rows).sum()
-        self.sink_sum += sinks.sum()
+        self.unassigned_sum += sinks.sum()
         self.sinks.append(sinks.flatten().float())
 
     def compute(self) -> dict[str, Tensor]:
         if self.count == 0:
             nan = torch.tensor(math.nan)
-            return {"entropy": nan, "sink_mass": nan}
+            return {"entropy": nan, "unassigned_mass": nan}
         return {"entropy": (self.entropy_sum / self.count).float(),
-                "sink_mass": (self.sink_sum / self.count).float()}
+                "unassigned_mass": (self.unassigned_sum / self.count).float()}
 
-    def sink_masses(self) -> Tensor:
-        return _cat(self.sinks).flatten().cpu()
+    def unassigned_masses(self) -> Tensor:
+        return concatenated(self.sinks).flatten().cpu()
 
 
 # ----------------------------------------------------------------------------- head diversity

@@ -7,7 +7,7 @@ minimum column sum next to the DNAS bound `1/S` (S = number of valid keys). DNAS
 `-sum_j p_ij log p_ij` (nats) of each row's distribution `p_i = w_i / sum_j w_ij`, averaged over
 heads and valid query rows: how sharp each layer's attention is (log S: uniform; 0: one key),
 which tells a scheme that explains keys away by sharpening from one that spreads its weight; and
-the sink mass `1 - sum_j w_ij` (mean and histogram): 0 under a normalizing scheme, the weight a
+the unassigned mass `1 - sum_j w_ij` (mean and histogram): 0 under a normalizing scheme, the weight a
 sink, softpick or stick-breaking row leaves unspent (attention sinks, the mirror image of
 explaining away: a row attends nowhere rather than a key getting no attention). Both follow the
 one definition in `attnlab.attention.statistics` for rows that need not sum to 1. The scalars go
@@ -39,7 +39,7 @@ class ExplainedAway(pl.Callback):
         self.threshold = float(threshold)
         self.png_name = png_name
         self._stats: dict[int, ColumnStats] = {}
-        self._rows: dict[int, RowStats] = {}  # entropy and sink mass, reduced like the sums
+        self._rows: dict[int, RowStats] = {}  # entropy and unassigned mass, reduced like the sums
         self._names: list[str] = []
         self._recorder: record_attention | None = None
 
@@ -80,7 +80,7 @@ class ExplainedAway(pl.Callback):
             out[l] = {"log_col": stats.log_column_sums(), **{k: float(v) for k, v in values.items()}}
             if l in self._rows and self._rows[l].count > 0:
                 out[l].update({k: float(v) for k, v in self._rows[l].compute().items()})
-                out[l]["sinks"] = self._rows[l].sink_masses()
+                out[l]["sinks"] = self._rows[l].unassigned_masses()
         return out
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
@@ -94,12 +94,12 @@ class ExplainedAway(pl.Callback):
                               ("min_col_sum", "min_col_sum"), ("bound_1_over_S", "bound_1_over_S"),
                               ("min_col_sum_times_S", "min_col_sum_x_S")):
                 pl_module.log(f"{prefix}/{key}", s[name])  # already reduced over processes
-            for key in ("entropy", "sink_mass"):
+            for key in ("entropy", "unassigned_mass"):
                 if key in s:
                     pl_module.log(f"{prefix}/{key}", s[key])
             log.histogram(f"{prefix}/log_col_sum", s["log_col"])
             if "sinks" in s:
-                log.histogram(f"{prefix}/sink_mass_rows", s["sinks"])
+                log.histogram(f"{prefix}/unassigned_mass_rows", s["sinks"])
         if trainer.is_global_zero and summary and self.png_name:  # null: numbers only
             path = self.write_png(Path(trainer.default_root_dir) / self.png_name, summary)
             log.image("explained_away/histograms", path)

@@ -130,6 +130,9 @@ def test_explained_away_reads_metrics_json_or_else_the_last_csv_values(tmp_path)
     record = {"metrics": {"val/acc": 0.5}, "run_dir": str(tmp_path)}
     assert explained_away(record) == {0: {"share_below": 0.0, "min_col_sum_times_S": 0.3, "log_col_sum/q50": -2.0}}
     assert explained_away({"metrics": {}, "run_dir": str(tmp_path / "nowhere")}) == {}
+    # a run written before the rename: its `sink_mass` is read as `unassigned_mass`
+    old = {"metrics": {"explained_away/layer0/sink_mass": 0.2, "explained_away/layer0/entropy": 1.5}}
+    assert explained_away(old) == {0: {"unassigned_mass": 0.2, "entropy": 1.5}}
 
 
 def test_claims_without_runs_say_not_tested_and_why(tmp_path):

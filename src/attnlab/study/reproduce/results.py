@@ -72,13 +72,15 @@ def run_name(run: Run) -> str:
 
 
 _LAYER_KEY = re.compile(r"^explained_away/layer(\d+)/(share_below_[^/]+|min_col_sum|bound_1_over_S|"
-                        r"min_col_sum_times_S|entropy|sink_mass|log_col_sum/q\d+)$")
+                        r"min_col_sum_times_S|entropy|unassigned_mass|sink_mass|log_col_sum/q\d+)$")
+# runs written before the rename log `sink_mass` for what is now `unassigned_mass`
+_RENAMED = {"sink_mass": "unassigned_mass"}
 
 
 def explained_away(record: dict) -> dict[int, dict[str, float]]:
     """Per attention layer: share_below_<threshold>, min_col_sum, bound_1_over_S,
     min_col_sum_times_S, entropy (mean attention entropy in nats, where the callback logs it),
-    sink_mass (mean 1 - row sum, where logged) and
+    unassigned_mass (mean 1 - row sum, where logged; an older run's `sink_mass`) and
     the log column-sum quantiles log_col_sum/qNN when the CSV has them."""
     found = _collect(record.get("metrics", {}).items())
     if found:
@@ -99,5 +101,6 @@ def _collect(items) -> dict[int, dict[str, float]]:
         match = _LAYER_KEY.match(key)
         if match:
             name = "share_below" if match.group(2).startswith("share_below") else match.group(2)
+            name = _RENAMED.get(name, name)
             out.setdefault(int(match.group(1)), {})[name] = float(value)
     return dict(sorted(out.items()))
