@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from attnlab import checkpoints, cli, console
-from attnlab.runner import evaluate, run_job
+from attnlab.evaluation import evaluate
+from attnlab.runner import run_job
 from attnlab.wandb_runs import WANDB_PREFIX, checkpoint_from_artifact
 
 

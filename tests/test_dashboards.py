@@ -36,13 +36,14 @@ def test_spec_matches_the_snapshot():
     sections = spec["workspace"]["section"]["panelBankConfig"]["sections"]
     assert [s["name"].split(":")[0] for s in sections] == [
         "Metrics", "Scheme parameters per layer and head (HNAS u, a sink's b, ...)", "Explained away",
-        "Head interaction", "Calibration"]
+        "Head interaction", "Training stability", "Sinks and outliers (end of test)", "Calibration"]
     # the scheme-parameter panels take SchemeParameters' keys of any scheme, and nothing else
     layer, head = (re.compile(p.regex) for p in dashboards.sections(TASKS)[1].panels)
     assert all(layer.match(k) for k in ("hnas/u/layer0", "sink/b/layer11", "ssmax/c/layer2"))
     assert head.match("sink/b/layer1/head3") and not layer.match("sink/b/layer1/head3")
     assert not any(p.match(k) for p in (layer, head)
-                   for k in ("explained_away/layer0/min_col_sum", "val/acc", "train/loss"))
+                   for k in ("explained_away/layer0/min_col_sum", "val/acc", "train/loss",
+                             "train/max_attn_logit/layer0", "train/attn_entropy/layer0/head1"))
     run_set = spec["workspace"]["section"]["runSets"][0]
     assert run_set["grouping"] == [{"section": "config", "name": "model.value.name"}]
     assert run_set["filters"]["filters"][0]["value"] == GROUP

@@ -67,7 +67,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # validation (its rules are imported by the tasks' classes); the sink and outlier numbers of
     # a model's weights and hidden states
     ("model machinery", ["attnlab.compiling", "attnlab.fsdp", "attnlab.hf.*",
-                         "attnlab.config_schema", "attnlab.diagnostics"]),
+                         "attnlab.config_schema", "attnlab.diagnostics", "attnlab.quantization"]),
     ("task module", ["attnlab.task_module"]),
     ("callbacks", ["attnlab.callbacks.*"]),
     # the tasks: above what they build on, below what loads them by name
@@ -75,7 +75,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tasks", ["tasks.*"]),
     # one run: train / evaluate (Hydra instantiates the task's classes), its record, W&B, the
     # entry point, the sweep launcher's callback
-    ("run", ["attnlab.runner", "attnlab.run_record", "attnlab.wandb_runs", "attnlab.cli",
+    ("run", ["attnlab.runner", "attnlab.evaluation", "attnlab.run_record", "attnlab.wandb_runs", "attnlab.cli",
              "attnlab.gpu_jobs"]),
     # the drivers that launch runs through train.py and judge them (they load a task's claim
     # module by name)

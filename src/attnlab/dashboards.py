@@ -71,8 +71,9 @@ def sections(tasks: dict[str, str]) -> list[Section]:
         Section("Metrics: mean ± s.e. over seeds, by model", tuple(metric_panels)),
         Section("Scheme parameters per layer and head (HNAS u, a sink's b, ...)", (
             # <scheme>/<name>/layer{l}[/head{h}] (SchemeParameters): any scheme, none listed here
-            Panel("line", "per layer (mean over heads)", regex=r"^[a-z0-9]+/[a-z0-9_]+/layer\d+$"),
-            Panel("line", "per head", regex=r"^[a-z0-9]+/[a-z0-9_]+/layer\d+/head\d+$"),
+            # (not a stage's train/val/test keys of the same shape, StabilityMonitor's)
+            Panel("line", "per layer (mean over heads)", regex=r"^(?!train/|val/|test/)[a-z0-9]+/[a-z0-9_]+/layer\d+$"),
+            Panel("line", "per head", regex=r"^(?!train/|val/|test/)[a-z0-9]+/[a-z0-9_]+/layer\d+/head\d+$"),
         ), needs="scheme parameters"),
         Section("Explained away: total attention each key receives", (
             Panel("line", "share of keys with sum_i w_ij < 1e-8", regex=r"^explained_away/layer\d+/share_below_"),
@@ -91,6 +92,18 @@ def sections(tasks: dict[str, str]) -> list[Section]:
             Panel("table", "head importance", ("head_importance/table",)),
             Panel("media", "head importance map", ("head_importance/plot",)),
         ), needs="multihead"),
+        Section("Training stability", (
+            Panel("line", "gradient norm", ("train/grad_norm",)),
+            Panel("line", "loss spikes so far (loss > 2x the running median)", ("train/loss_spikes",)),
+            Panel("line", "largest attention logit per layer", regex=r"^train/max_attn_logit/layer\d+$"),
+            Panel("line", "attention entropy per head", regex=r"^train/attn_entropy/layer\d+/head\d+$"),
+        )),
+        Section("Sinks and outliers (end of test)", (
+            Panel("bar", "sink rate (eps 0.3) and kurtosis", ("diagnostics/sink_rate", "diagnostics/kurtosis")),
+            Panel("line", "sink rate per layer", regex=r"^diagnostics/layer\d+/sink_rate$"),
+            Panel("histogram", "per-head weight on the sink key", regex=r"^diagnostics/layer\d+/sink_importance_hist$"),
+            Panel("media", "per layer", ("diagnostics/layers",)),
+        )),
         Section("Calibration", (
             Panel("line", "ECE and overconfidence error (val)", ("val/ece", "val/oe")),
             Panel("bar", "ECE and overconfidence error (test)", ("test/ece", "test/oe")),

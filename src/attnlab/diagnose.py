@@ -86,7 +86,9 @@ def diagnose_checkpoint(args, out: Path) -> dict:
 
     from attnlab import checkpoints, console
     from attnlab.callbacks import OutlierDiagnostics
-    from attnlab.runner import CONF_DIR, build_trainer, load_checkpoint_module
+    from attnlab.cards import CONF_DIR
+    from attnlab.evaluation import load_checkpoint_module
+    from attnlab.runner import build_trainer
 
     overrides = [f"ckpt_path={args.path}", "logger=none", f"paths.output_dir={out}",
                  *checkpoints.task_argument([f"ckpt_path={args.path}"])]

@@ -68,7 +68,12 @@ def print_summary(title: str, record: dict) -> None:
 
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    full = record.get("full_precision")  # eval.py quant=<scheme>: beside the quantized numbers
+    quant = record.get("quant", {}).get("scheme", "")
+    table.add_column(f"value ({quant})" if full else "value", justify="right")
+    if full:
+        table.add_column("full precision", justify="right")
+        table.add_column("drop", justify="right")
     buckets: dict[str, dict[int, float]] = {}
     for k, v in sorted(record.get("metrics", {}).items()):
         if not k.startswith(("test/", "val/")):
@@ -76,6 +81,9 @@ def print_summary(title: str, record: dict) -> None:
         match = _BUCKET.match(k)
         if match:
             buckets.setdefault(match.group(1), {})[int(match.group(2))] = v
+        elif full:
+            extra = [f"{full[k]:.4f}", f"{record['drop'][k]:+.4f}"] if k in full else ["", ""]
+            table.add_row(k, f"{v:.4f}", *extra)
         else:
             table.add_row(k, f"{v:.4f}")
     console = Console()

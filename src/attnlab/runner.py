@@ -1,4 +1,4 @@
-"""What `train.py` and `eval.py` do, without any task-specific code.
+"""What `train.py` does, without any task-specific code (`eval.py`: attnlab.evaluation).
 
 The task config names a LightningDataModule and a LightningModule (`task.datamodule`,
 `task.module`); sizes that only the data know (vocabulary, number of answers) come from
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import sys
 import time
@@ -26,11 +25,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab import checkpoints, logger_guard, trust, wandb_runs
+from attnlab import checkpoints, logger_guard, wandb_runs
 from attnlab.attention import AttentionSpec
 from attnlab.attention.schemes import fitting
-from attnlab.callbacks import AfterTestAnalysis
-from attnlab.cards import CONF_DIR
+from attnlab.callbacks import AfterTestAnalysis, StabilityMonitor
 from attnlab.compiling import compile_net
 from attnlab.config_schema import check_accelerator, validate
 from attnlab.errors import (
@@ -249,6 +247,9 @@ def train(cfg: DictConfig) -> dict:
         "wall_s": round(time.time() - t0, 1),
         **wandb_run_info(logger_guard.alive(loggers)),
     }
+    for callback in callbacks:  # divergence and loss spikes: a result of the run (StabilityMonitor)
+        if isinstance(callback, StabilityMonitor):
+            record["stability"] = callback.summary()
     if trainer.is_global_zero:
         write_json(out_dir / METRICS_FILE, record)
         print_summary(f"{cfg.task.name} / {cfg.model.name} / seed {cfg.seed}", record)
@@ -295,98 +296,3 @@ def run_job(fn, cfg: DictConfig) -> float | None:
             report(user_message)
             raise SystemExit(2) from None
         raise
-
-
-# ----------------------------------------------------------------------------- eval
-_TASK_REFERENCE = re.compile(r"\$\{task\.([\w.]+)\}")
-
-
-def apply_task_overrides(task_cfg: DictConfig, dotted: list[str], conf_dir: Path) -> DictConfig:
-    """eval.py's `task.*` overrides on a run's saved task config. That config was saved resolved,
-    so a node that read an overridden key when the run was built (`datamodule.eval_lengths:
-    ${task.eval_lengths}`) holds the run's value: every node that today's conf/task/<name>.yaml
-    fills from an overridden key takes its new value too (unless given itself)."""
-    merged = OmegaConf.merge(task_cfg, OmegaConf.from_dotlist([o[len("task."):] for o in dotted]))
-    given = {o[len("task."):].split("=", 1)[0] for o in dotted}
-    path = Path(conf_dir) / "task" / f"{merged.get('name')}.yaml"
-    today = OmegaConf.select(OmegaConf.load(path), "task") if path.is_file() else None
-    for key, source in _task_references(today):
-        if source in given and key not in given:
-            OmegaConf.update(merged, key, OmegaConf.select(merged, source), merge=False)
-    return merged
-
-
-def _task_references(node, prefix: str = ""):
-    """(key, task key it reads) of every value `${task.<key>}` under a task node."""
-    if not isinstance(node, DictConfig):
-        return
-    for name in node:
-        if OmegaConf.is_interpolation(node, name):
-            match = _TASK_REFERENCE.fullmatch(str(node._get_node(name)._value()))
-            if match:
-                yield f"{prefix}{name}", match.group(1)
-        else:
-            yield from _task_references(node.get(name), f"{prefix}{name}.")
-
-
-def load_checkpoint_module(cfg: DictConfig):
-    """(module with the checkpoint's weights, its datamodule set up, the task config) of an eval
-    config's `ckpt_path`; task and model come from its run's config."""
-    if OmegaConf.is_missing(cfg, "ckpt_path"):
-        raise ConfigError("ckpt_path is required: python eval.py "
-                          "ckpt_path=outputs/<task>/<model>/<run>/checkpoints/last.ckpt")
-    validate(cfg)
-    check_accelerator(cfg)
-    ckpt = Path(str(cfg.ckpt_path))
-    # exists, is a file, not truncated, data only (trust_checkpoint=true: unpickled as it comes)
-    checkpoint = checkpoints.read(ckpt, trust=bool(cfg.get("trust_checkpoint", False)))
-    saved = checkpoints.run_config(ckpt)  # its own run folder's config, as data
-    if saved is not None:  # what will be built of it (its task) must be attnlab's to build
-        trust.check_targets(saved, checkpoints.run_config_file(ckpt), node="task")
-    if saved is None:  # this invocation's task config (task=<its task>), overrides applied
-        task_cfg = OmegaConf.create(OmegaConf.to_container(cfg.task, resolve=True))
-    else:  # a run from before the injected network has its flat task.module upgraded
-        task_cfg = checkpoints.upgrade_module_config(saved, CONF_DIR).task
-    if saved is not None and HydraConfig.initialized():  # dotted overrides of task.* still apply
-        dotted = [o for o in HydraConfig.get().overrides.task if o.startswith("task.")]
-        if dotted:
-            task_cfg = apply_task_overrides(task_cfg, dotted, CONF_DIR)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    # the module as the run built it (its config, the data's sizes), then the checkpoint's weights
-    datamodule = hydra.utils.instantiate(task_cfg.datamodule)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    try:
-        module = build_module(task_cfg.module, datamodule.model_kwargs())
-        module.on_load_checkpoint(checkpoint)
-        module.load_state_dict(checkpoint["state_dict"])
-    except Exception as err:  # another task's checkpoint: other weights, or other options
-        if user_error_message(err) is not None:
-            raise
-        raise ConfigError(
-            f"ckpt_path={ckpt} cannot be loaded as {task_cfg.module._target_.rsplit('.', 1)[-1]} "
-            f"(task={task_cfg.name}): {type(err).__name__}: {str(err).splitlines()[0]}; give "
-            f"task=<its task> or keep the checkpoint inside its run dir (next to config.yaml)"
-        ) from err
-    return module, datamodule, task_cfg
-
-
-def evaluate(cfg: DictConfig) -> dict:
-    """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
-    module, datamodule, task_cfg = load_checkpoint_module(cfg)
-    ckpt = Path(str(cfg.ckpt_path))
-    trainer = build_trainer(cfg, logger=False, callbacks=[])
-    if cfg.split == "val":
-        results = trainer.validate(module, datamodule=datamodule)
-    else:
-        results = trainer.test(module, datamodule=datamodule)
-    out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        "status": "ok", "ckpt_path": str(ckpt), "split": cfg.split, "task": task_cfg.name,
-        "metrics": to_float_dict(results[0] if results else {}), "scheme_params": scheme_params(module),
-        "run_dir": str(out_dir),
-    }
-    write_json(out_dir / "eval_metrics.json", record)
-    print_summary(f"eval {ckpt}", record)
-    return record

@@ -265,10 +265,10 @@ def test_logger_settings(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("task", list(TINY))
-def test_every_task_records_sinks_and_outliers_at_the_end_of_test(task, task_runs):
+def test_every_task_records_sinks_outliers_and_stability(task, task_runs):
     """OutlierDiagnostics (on by default): the numbers per layer and for the model in
     metrics.json, diagnostics.json and .png in the run dir, the per-head sink importances as a
-    W&B histogram."""
+    W&B histogram; StabilityMonitor's record and step-wise numbers."""
     run = task_runs[task]
     metrics = json.loads((run / "metrics.json").read_text())["metrics"]
     for key in ("sink_rate", "sink_rate_eps0.2", "zero_share", "kurtosis", "max_kurtosis", "max_abs",
@@ -284,6 +284,11 @@ def test_every_task_records_sinks_and_outliers_at_the_end_of_test(task, task_run
     for fragment in fragments(run):
         summary.update(inspect(fragment)["summary"])
     assert summary["diagnostics/layer0/sink_importance_hist"]["_type"] == "histogram"
+    # StabilityMonitor (on by default): the run's stability record and its step-wise numbers
+    record = json.loads((run / "metrics.json").read_text())
+    assert record["stability"]["diverged"] is False and record["stability"]["loss_spikes"] >= 0
+    assert metrics["train/grad_norm"] > 0 and metrics["train/diverged"] == 0
+    assert any(k.startswith("train/max_attn_logit/layer0") for k in summary)
 
 
 def test_diagnose_a_checkpoint_reproduces_the_run_s_own_numbers(task_runs, tmp_path, capsys):

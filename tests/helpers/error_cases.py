@@ -119,6 +119,8 @@ CASES: list[Case] = [
          script="eval.py"),
     Case("eval.py on an unknown split", ("ckpt_path={tmp}/corrupt.ckpt", "split=train"), "split=train",
          script="eval.py"),
+    Case("eval.py with an unknown quantization scheme", ("ckpt_path={tmp}/corrupt.ckpt", "quant=w3a3x"),
+         "quant=w3a3x: unknown; choose one of none, w8a8, w4a8, w4a16", script="eval.py"),
     Case("eval.py with a checkpoint that would run code when loaded", ("ckpt_path={tmp}/payload.ckpt",),
          "trust_checkpoint=true", script="eval.py"),
     Case("eval.py with a foreign _target_ in the run's config.yaml",

@@ -19,6 +19,7 @@ class AttentionRecord:
     query_padding_mask: Tensor | None  # (B, S_q)
     head_outputs: Tensor  # (B, H, S_q, d_v) float32, before the output projection
     causal: bool = False  # query i attended to keys up to i only (the sink rate's denominators)
+    max_logit: Tensor | None = None  # (H,) the largest q.k / sqrt(d) over valid pairs, per head
 
     @cached_property
     def column_sums(self) -> Tensor:

@@ -1,5 +1,5 @@
 """Lightning callbacks: analyses of attention (the schemes' own parameters, explained-away, head diversity,
-head importance, calibration, sinks and outliers), training rules of schemes (repulsive attention, MA+R) and run safety.
+head importance, calibration, sinks and outliers, training stability), training rules of schemes (repulsive attention, MA+R) and run safety.
 
 Analyses that run their own evaluations once test is done are `AfterTestAnalysis`es (the
 runner finds them by type); training rules come with their model config (conf/rules/)."""
@@ -13,6 +13,7 @@ from attnlab.callbacks.head_importance import HeadImportance
 from attnlab.callbacks.preemption import MidEpochCheckpoint, PreemptionCheckpoint, RngState
 from attnlab.callbacks.repulsive import DisagreementRegularizer, RepulsiveAttention
 from attnlab.callbacks.scheme_parameters import SchemeParameters
+from attnlab.callbacks.stability import StabilityMonitor
 
 __all__ = [
     "AfterTestAnalysis",
@@ -27,5 +28,6 @@ __all__ = [
     "RepulsiveAttention",
     "RngState",
     "SchemeParameters",
+    "StabilityMonitor",
     "analysis_progress",
 ]
