@@ -15,7 +15,7 @@ its own run dir (`outputs/diagnose/<time>`, or --out), saying where.
 - A `transformers` model directory (config.json and weights; loaded offline, eager attention):
   --texts (a JSON-lines file with a "text" field, or plain text: one paragraph per blank-line
   block) or, by default, the 64 Debian package descriptions packaged with attnlab
-  (`attnlab/data/probe_text.jsonl`, from the test split of the corpus `make data` builds), cut to
+  (`attnlab/texts/probe_text.jsonl`, from the test split of the corpus `make data` builds), cut to
   --length tokens (Gu et al.: 64). A model is causal when its config says is_decoder or names a
   *ForCausalLM / *LMHeadModel architecture; --key last is BERT's [SEP] (the last real token).
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from attnlab.errors import ConfigError, command
 
-PACKAGED_TEXTS = Path(__file__).parent / "data" / "probe_text.jsonl"
+PACKAGED_TEXTS = Path(__file__).parent / "texts" / "probe_text.jsonl"
 
 
 def parse_key(value: str):
