@@ -174,3 +174,16 @@ def test_diagnose_refuses_what_is_not_a_model_in_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope.ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "neither a checkpoint file nor a transformers model directory" in err[0]
+
+
+def test_a_bad_sink_key_or_threshold_is_one_clear_error():
+    from attnlab.diagnostics import check_options, sink_key_index
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="the sink key is first, last or an index"):
+        check_options("middle", (0.3,))
+    with pytest.raises(ConfigError, match=r"each sink threshold must lie in \(0, 1\)"):
+        LayerOutliers(epsilons=(1.5,))
+    with pytest.raises(ConfigError, match=r"key=99 is outside the 64 keys"):
+        sink_key_index(None, 2, 64, 99)
+    assert sink_key_index(None, 2, 64, -1).tolist() == [63, 63]

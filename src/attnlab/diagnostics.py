@@ -42,6 +42,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from attnlab.attention.statistics import concatenated
+from attnlab.errors import ConfigError
 
 EPSILONS = (0.3, 0.2)  # Gu et al.'s threshold, and the lower one they also report
 KURTOSIS_EPS = 1e-6  # Bondarenko's: added to s^4
@@ -76,9 +77,18 @@ def sink_key_index(key_padding_mask: Tensor | None, batch: int, length: int, key
         return (valid * torch.arange(length)).argmax(-1)
     index = int(key)
     if not -length <= index < length:
-        raise ValueError(f"key={key} is outside the {length} keys; use first, last or an index "
-                         f"in [-{length}, {length})")
+        raise ConfigError(f"key={key} is outside the {length} keys of these sequences; use first, "
+                          f"last or an index in [-{length}, {length})")
     return torch.full((batch,), index % length, dtype=torch.long)
+
+
+def check_options(key, epsilons) -> None:
+    """The sink key and thresholds, before any work: one line naming what is wrong."""
+    if not (key in (None, "first", "last") or isinstance(key, int) and not isinstance(key, bool)):
+        raise ConfigError(f"key={key!r}: the sink key is first, last or an index (e.g. 0)")
+    if not epsilons or any(not 0 < float(e) < 1 for e in epsilons):
+        raise ConfigError(f"epsilons={list(epsilons)}: each sink threshold must lie in (0, 1), "
+                          f"e.g. [0.3, 0.2]")
 
 
 def sink_importance(weights: Tensor, key_padding_mask: Tensor | None = None,
@@ -156,6 +166,7 @@ class LayerOutliers(Metric):
 
     def __init__(self, key="first", epsilons=EPSILONS, **kwargs) -> None:
         super().__init__(**kwargs)
+        check_options(key, epsilons)
         self.key, self.epsilons = key, tuple(float(e) for e in epsilons)
         zero = torch.tensor(0.0, dtype=torch.float64)
         for name in ("heads", "zeros", "pairs", "sequences", "kurtosis_sum", "max_abs_sum",

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import attention_modules, record_attention
 from attnlab.attention.layers import TransformerDecoderLayer, TransformerEncoderLayer
-from attnlab.diagnostics import EPSILONS, LayerOutliers, summarize
+from attnlab.diagnostics import EPSILONS, LayerOutliers, check_options, summarize
 from attnlab.figures import save_png
 from attnlab.files import atomic_write_text
 from attnlab.loggers import LoggerAdapter
@@ -87,6 +87,7 @@ class OutlierDiagnostics(pl.Callback):
                  png_name: str | None = "diagnostics.png") -> None:
         if int(max_batches) < 1:
             raise ValueError(f"max_batches={max_batches} records nothing; use 1 or more")
+        check_options(key, epsilons)  # at the start of the run, not after its training
         self.max_batches, self.key = int(max_batches), key
         self.epsilons = tuple(float(e) for e in epsilons)
         self.json_name, self.png_name = json_name, png_name
