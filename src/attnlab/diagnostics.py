@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from attnlab.attention.statistics import concatenated
+from attnlab.attention.statistics import concatenated, visible_pairs
 from attnlab.errors import ConfigError
 
 EPSILONS = (0.3, 0.2)  # Gu et al.'s threshold, and the lower one they also report
@@ -49,22 +49,6 @@ KURTOSIS_EPS = 1e-6  # Bondarenko's: added to s^4
 
 
 # ----------------------------------------------------------------------------- attention
-def visible(shape: torch.Size, key_padding_mask: Tensor | None, query_padding_mask: Tensor | None,
-            causal: bool, device) -> Tensor:
-    """(B, S_q, S_k) bool: the (query, key) pairs a valid query may attend to."""
-    B, _, S_q, S_k = shape
-    keys = torch.ones(B, S_k, dtype=torch.bool, device=device)
-    queries = torch.ones(B, S_q, dtype=torch.bool, device=device)
-    if key_padding_mask is not None:
-        keys = ~key_padding_mask
-    if query_padding_mask is not None:
-        queries = ~query_padding_mask
-    pairs = queries[:, :, None] & keys[:, None, :]
-    if causal:  # query i sees keys j <= i + (S_k - S_q) (a cache's keys come first)
-        pairs = pairs & torch.ones(S_q, S_k, dtype=torch.bool, device=device).tril(S_k - S_q)
-    return pairs
-
-
 def sink_key_index(key_padding_mask: Tensor | None, batch: int, length: int, key) -> Tensor:
     """(B,) the sink key of each row: an index (negative: from the end), or "last": the last
     valid key (BERT's [SEP]), or "first"."""
@@ -97,7 +81,7 @@ def sink_importance(weights: Tensor, key_padding_mask: Tensor | None = None,
     """(B, H) float64: the mean weight on each row's sink key over the queries that see it (NaN
     where none does: a padded sink, an empty row)."""
     B, _, _, S_k = weights.shape
-    pairs = visible(weights.shape, key_padding_mask, query_padding_mask, causal, weights.device)
+    pairs = visible_pairs(weights.shape, key_padding_mask, query_padding_mask, causal, weights.device)
     k = sink_key_index(key_padding_mask, B, S_k, key).to(weights.device)
     rows = torch.arange(B, device=weights.device)
     column = weights.double()[rows, :, :, k]  # (B, H, S_q): every query's weight on the sink
@@ -109,7 +93,7 @@ def sink_importance(weights: Tensor, key_padding_mask: Tensor | None = None,
 def zero_counts(weights: Tensor, key_padding_mask: Tensor | None = None,
                 query_padding_mask: Tensor | None = None, causal: bool = False) -> tuple[int, int]:
     """(exactly-zero weights, pairs) over the visible (query, key) pairs of every head."""
-    pairs = visible(weights.shape, key_padding_mask, query_padding_mask, causal, weights.device)
+    pairs = visible_pairs(weights.shape, key_padding_mask, query_padding_mask, causal, weights.device)
     zeros = ((weights == 0) & pairs[:, None]).sum()
     return int(zeros), int(pairs.sum()) * weights.shape[1]
 

@@ -4,7 +4,6 @@ heads, project out. Cascade logits are passed explicitly; recording on request."
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -233,8 +232,7 @@ class MultiHeadAttention(nn.Module):
             weights = self.normalizer.attention_weights(heads.q, heads.k, heads.key_padding_mask,
                                                         heads.query_padding_mask, heads.causal)
         record = AttentionRecord(weights.detach().float(), heads.key_padding_mask,
-                                 heads.query_padding_mask, attended.out.detach().float(),
-                                 causal=bool(heads.causal), max_logit=_max_logit(heads))
+                                 heads.query_padding_mask, attended.out.detach().float())
         for recorder in recorders:
             recorder.receive(self, record)
 
@@ -269,23 +267,6 @@ class MultiHeadAttention(nn.Module):
             for key in [k for k in state_dict if k.startswith(prefix + old)]:
                 state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-
-def _max_logit(heads: Heads) -> Tensor:
-    """(H,) the largest plain attention logit q.k / sqrt(d) per head over the pairs a valid query
-    may attend to (Wortsman et al.'s attention-logit growth; before any scheme's own scaling)."""
-    q, k = heads.q.float(), heads.k.float()
-    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    S_q, S_k = logits.shape[-2:]
-    allowed = torch.ones(S_q, S_k, dtype=torch.bool, device=logits.device)
-    if heads.causal:
-        allowed = allowed.tril(S_k - S_q)
-    allowed = allowed.expand(logits.shape[0], 1, S_q, S_k)
-    if heads.key_padding_mask is not None:
-        allowed = allowed & ~heads.key_padding_mask[:, None, None, :]
-    if heads.query_padding_mask is not None:
-        allowed = allowed & ~heads.query_padding_mask[:, None, :, None]
-    return logits.masked_fill(~allowed, -math.inf).amax(dim=(0, 2, 3)).cpu()
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:

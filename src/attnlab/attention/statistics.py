@@ -142,6 +142,23 @@ def concatenated(state) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- rows
+def visible_pairs(shape: torch.Size, key_padding_mask: Tensor | None,
+                  query_padding_mask: Tensor | None, causal: bool, device) -> Tensor:
+    """(B, S_q, S_k) bool: the (query, key) pairs a valid query may attend to, for weights or
+    logits of `shape` (B, H, S_q, S_k); the one statement of it (diagnostics, the max logit)."""
+    B, _, S_q, S_k = shape
+    keys = torch.ones(B, S_k, dtype=torch.bool, device=device)
+    queries = torch.ones(B, S_q, dtype=torch.bool, device=device)
+    if key_padding_mask is not None:
+        keys = ~key_padding_mask
+    if query_padding_mask is not None:
+        queries = ~query_padding_mask
+    pairs = queries[:, :, None] & keys[:, None, :]
+    if causal:  # query i sees keys j <= i + (S_k - S_q) (a cache's keys come first)
+        pairs = pairs & torch.ones(S_q, S_k, dtype=torch.bool, device=device).tril(S_k - S_q)
+    return pairs
+
+
 def valid_rows(weights: Tensor, key_padding_mask: Tensor | None = None,
                query_padding_mask: Tensor | None = None) -> Tensor:
     """(B, S_q) bool: the query rows the analyses count. With masks: the queries that are not
