@@ -4,6 +4,7 @@ heads, project out. Cascade logits are passed explicitly; recording on request."
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,6 +16,7 @@ from attnlab.attention.positions import AttentionPositions
 from attnlab.attention.record import AttentionRecord
 from attnlab.attention.schemes import Attended, Heads, module_name
 from attnlab.attention.spec import AttentionSpec
+from attnlab.attention.statistics import visible_pairs
 from attnlab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -232,7 +234,8 @@ class MultiHeadAttention(nn.Module):
             weights = self.normalizer.attention_weights(heads.q, heads.k, heads.key_padding_mask,
                                                         heads.query_padding_mask, heads.causal)
         record = AttentionRecord(weights.detach().float(), heads.key_padding_mask,
-                                 heads.query_padding_mask, attended.out.detach().float())
+                                 heads.query_padding_mask, attended.out.detach().float(),
+                                 causal=bool(heads.causal), max_logit=_max_logit(heads))
         for recorder in recorders:
             recorder.receive(self, record)
 
@@ -267,6 +270,16 @@ class MultiHeadAttention(nn.Module):
             for key in [k for k in state_dict if k.startswith(prefix + old)]:
                 state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def _max_logit(heads: Heads) -> Tensor:
+    """(H,) the largest plain attention logit q.k / sqrt(d) per head over the pairs a valid query
+    may attend to (Wortsman et al.'s attention-logit growth; before any scheme's own scaling)."""
+    q, k = heads.q.float(), heads.k.float()
+    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    allowed = visible_pairs(logits.shape, heads.key_padding_mask, heads.query_padding_mask,
+                            bool(heads.causal), logits.device)[:, None]
+    return logits.masked_fill(~allowed, -math.inf).amax(dim=(0, 2, 3)).cpu()
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
