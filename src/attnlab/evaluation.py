@@ -115,6 +115,25 @@ def quantized_eval(cfg: DictConfig, low_bit, module, datamodule, score, full: di
                       "calibration_batches": batches if low_bit.activation_bits else 0}}
 
 
+def quantized_test(cfg: DictConfig, low_bit, module, datamodule, full: dict) -> dict:
+    """train.py's `quant=<scheme>`: after its test, the tested weights quantized (as eval.py does)
+    and the test split scored again, its files (predictions, PNGs) in <run>/quant-<scheme>/. The
+    metrics to add: `<metric>@<scheme>` (quantized) and `<metric>@<scheme>/drop` (full precision
+    minus quantized) for each test metric."""
+    root = Path(cfg.paths.output_dir) / f"quant-{low_bit.name}"
+    root.mkdir(parents=True, exist_ok=True)
+
+    def score() -> dict:
+        trainer = build_trainer(cfg, logger=False, callbacks=[], default_root_dir=str(root),
+                                enable_checkpointing=False)
+        return to_float_dict((trainer.test(module, datamodule=datamodule, verbose=False) or [{}])[0])
+
+    tested = {k: v for k, v in full.items() if k.startswith("test/")}
+    q = quantized_eval(cfg, low_bit, module, datamodule, score, tested)
+    return {**{f"{k}@{low_bit.name}": v for k, v in q["metrics"].items()},
+            **{f"{k}@{low_bit.name}/drop": v for k, v in q["drop"].items()}}
+
+
 def evaluate(cfg: DictConfig) -> dict:
     """Evaluate a checkpoint on the test (or val) split; task and model come from its run's config."""
     low_bit = quantization.scheme(cfg.get("quant"))  # before any work: a bad name is one line

@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from attnlab import checkpoints, logger_guard, wandb_runs
+from attnlab import checkpoints, logger_guard, quantization, wandb_runs
 from attnlab.attention import AttentionSpec
 from attnlab.attention.schemes import fitting
 from attnlab.callbacks import AfterTestAnalysis, StabilityMonitor
@@ -160,6 +160,7 @@ def train(cfg: DictConfig) -> dict:
     validate(cfg)  # every option, before any work: one clear ConfigError
     check_scheme_fits_task(cfg)  # the model group: the scheme's own options, and causal tasks
     check_accelerator(cfg)  # hardware=gpu on a machine without CUDA
+    low_bit = quantization.scheme(cfg.get("quant"))  # quant=w3a3x: one line, before any work
     ckpt_path = resolve_ckpt_path(cfg) if cfg.get("train", True) else None
     trusted = bool(cfg.get("trust_checkpoint", False))  # unpickle a checkpoint's objects: opt-in
     checkpoint = None
@@ -232,6 +233,10 @@ def train(cfg: DictConfig) -> dict:
         if isinstance(callback, AfterTestAnalysis):
             metrics.update(callback.after_test(trainer, module, datamodule, cfg.optimized_metric,
                                                cfg.task.monitor_mode))
+    if low_bit is not None and cfg.get("test", True):  # last: it swaps the module's linears
+        from attnlab.evaluation import quantized_test  # (evaluation builds on this module)
+
+        metrics.update(quantized_test(cfg, low_bit, module, datamodule, metrics))
 
     record = {
         "status": "ok",

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from attnlab.attention import MultiHeadAttention, record_attention
 from attnlab.callbacks import StabilityMonitor
 
-# steps 0-9 at 1.0, a spike (2.5 > 2 x 1.0), not one (1.9), then the loss turns NaN at step 12
-LOSSES = [1.0] * 10 + [2.5, 1.9, math.nan, 1.0, 1.0]
+# step 0 (the loss at initialization) at 3.0, steps 1-9 at 1.0, a spike (2.5 > 2 x 1.0), not one (1.9), then the loss turns NaN at step 12
+LOSSES = [3.0] + [1.0] * 9 + [2.5, 1.9, math.nan, 1.0, 1.0]
 
 
 class Scripted(pl.LightningModule):
@@ -40,7 +40,7 @@ def test_a_spike_is_counted_and_a_nan_loss_stops_training_as_a_recorded_divergen
     data = DataLoader(TensorDataset(torch.zeros(len(LOSSES), 1)), batch_size=1)
     trainer.fit(module, data)  # no exception: the divergence is a result
     assert monitor.summary() == {"diverged": True, "diverged_at_step": 12, "loss_spikes": 1,
-                                 "spike_factor": 2.0, "window": 50}
+                                 "spike_factor": 2.0, "window": 50, "initial_loss": 3.0}
     assert module.seen[-1] == 12  # training stopped at the step that diverged
     assert trainer.callback_metrics["train/diverged"] == 1.0
 

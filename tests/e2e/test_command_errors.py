@@ -28,6 +28,8 @@ CASES = [
      "error: --tasks vqa,nope: unknown ['nope']; choose from classify, "),
     ("attnlab.compare", ["--probes", "nope", "--dry-run"], "error: --probes nope: unknown ['nope']; choose from "),
     ("attnlab.compare", ["--schemes", "nope", "--dry-run"], "error: --schemes nope: unknown ['nope']; choose from "),
+    ("attnlab.compare", ["--stability", "--probes", "needle", "--dry-run"],
+     "error: --stability trains task=lm over its own learning-rate grid"),
     ("attnlab.diagnose", ["{tmp}/missing"],
      "error: {tmp}/missing: neither a checkpoint file nor a transformers model directory"),
     ("attnlab.diagnose", ["{tmp}/afile.txt"],

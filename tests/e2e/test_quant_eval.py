@@ -1,5 +1,6 @@
 """`eval.py ckpt_path=... quant=<scheme>` through the real CLI (real processes): quant=none is
-today's eval, a scheme records the quantized metrics beside the full-precision ones and the drop."""
+today's eval, a scheme records the quantized metrics beside the full-precision ones and the drop;
+`train.py quant=<scheme>` does the same after its own test."""
 
 import json
 
@@ -21,11 +22,18 @@ def evaluated(tmp_path, data_dir, ckpt, *args) -> dict:
 
 
 def test_quantized_eval_of_a_trained_lm(tmp_path, data_dir):
-    run_cli(["task=lm", "model=unas", *TINY["lm"], *QUIET, "callbacks=minimal"], tmp_path, data_dir)
+    # train.py's quant=: the final test again, quantized, beside the full-precision numbers
+    run_cli(["task=lm", "model=unas", *TINY["lm"], *QUIET, "callbacks=minimal", "quant=w8a8",
+             "quant_options.calibration_batches=2"], tmp_path, data_dir)
     [run] = metrics_files(tmp_path / "outputs")
+    trained = run["metrics"]
+    assert trained["test/loss@w8a8/drop"] == pytest.approx(trained["test/loss"] - trained["test/loss@w8a8"])
+    assert trained["test/loss@w8a8"] != trained["test/loss"]
+    assert (run["_dir"] / "quant-w8a8" / "predictions.txt").is_file()  # its files beside, not over, the run's
     best = next((run["_dir"] / "checkpoints").glob("best-*.ckpt"))
     layers = yaml.safe_load((run["_dir"] / "config.yaml").read_text())["task"]["module"]["net"]["num_layers"]
     none = evaluated(tmp_path, data_dir, best, "quant=none")
+    assert none["metrics"]["test/loss"] == trained["test/loss"]  # the run's test was of its best weights
     assert "quant" not in none and "full precision" not in none["_stdout"]  # today's eval
     w8a8 = evaluated(tmp_path, data_dir, best, "quant=w8a8", "quant_options.calibration_batches=2")
     assert w8a8["full_precision"] == none["metrics"]  # bit for bit: quant=none is the same scoring

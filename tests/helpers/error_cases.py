@@ -111,6 +111,8 @@ CASES: list[Case] = [
                                       "task.gigaword_dir={tmp}/afile.txt"), "{tmp}/afile.txt"),
     Case("a directory as VQA-v2 questions file", ("task.source=vqav2", "task.vqav2.train.questions={tmp}/adir"),
          "{tmp}/adir"),
+    Case("train.py with an unknown quantization scheme for its final test", ("quant=w3a3x",),
+         "quant=w3a3x: unknown; choose one of none, w8a8, w4a8, w4a16"),
     # --- eval.py
     Case("eval.py without a checkpoint", (), "ckpt_path", script="eval.py"),
     Case("eval.py with a corrupt checkpoint", ("ckpt_path={tmp}/corrupt.ckpt",), "{tmp}/corrupt.ckpt",

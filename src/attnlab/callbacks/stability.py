@@ -6,7 +6,9 @@ step whose loss exceeds `spike_factor` (2) times the median of the last `window`
 losses (with at least 10 of them). A non-finite loss is a **divergence**: `train/diverged` turns
 1, the step is recorded, training stops there (validation and test then run on the best
 checkpoint so far), and the run's metrics.json gets `stability: {"diverged": true, ...}`: a
-result of the run, not a crash. Every `every_n_steps` steps (and the first), on that step's batch:
+result of the run, not a crash. The summary also keeps `initial_loss`, the loss of the first
+step (the model at initialization: Wortsman et al.'s l_0, which caps a rate's loss in the LR
+sensitivity of `attnlab.compare --stability`). Every `every_n_steps` steps (and the first), on that step's batch:
 `train/max_attn_logit/layer{l}` (the largest q.k / sqrt(d) of layer l over its heads and valid
 pairs, the attention-logit growth of Wortsman et al., ICLR 2024) and the attention entropy of each
 head, `train/attn_entropy/layer{l}/head{h}` (nats, attnlab.attention.statistics: rows that need
@@ -46,20 +48,24 @@ class StabilityMonitor(pl.Callback):
         self.losses: list[float] = []
         self.spikes = 0
         self.diverged_at: int | None = None
+        self.initial_loss: float | None = None
         self._recorder = None
         self._step = 0  # the global step of the batch in flight (batch end sees it advanced)
 
     # the state a resumed run continues from
     def state_dict(self) -> dict:
-        return {"losses": self.losses[-self.window:], "spikes": self.spikes, "diverged_at": self.diverged_at}
+        return {"losses": self.losses[-self.window:], "spikes": self.spikes, "diverged_at": self.diverged_at,
+                "initial_loss": self.initial_loss}
 
     def load_state_dict(self, state: dict) -> None:
         self.losses, self.spikes = list(state["losses"]), int(state["spikes"])
         self.diverged_at = state["diverged_at"]
+        self.initial_loss = state.get("initial_loss")  # absent in checkpoints written before it
 
     def summary(self) -> dict:
         return {"diverged": self.diverged_at is not None, "diverged_at_step": self.diverged_at,
-                "loss_spikes": self.spikes, "spike_factor": self.spike_factor, "window": self.window}
+                "loss_spikes": self.spikes, "spike_factor": self.spike_factor, "window": self.window,
+                "initial_loss": self.initial_loss}
 
     def is_spike(self, loss: float) -> bool:
         """`loss` against the median of the last `window` finite losses before it."""
@@ -83,6 +89,8 @@ class StabilityMonitor(pl.Callback):
         if loss is None:
             return
         value = float(loss.detach())
+        if self._step == 0 and self.initial_loss is None:
+            self.initial_loss = value
         if not math.isfinite(value):
             self.diverged_at = self._step
             pl_module.log("train/diverged", 1.0, on_step=True, on_epoch=False)

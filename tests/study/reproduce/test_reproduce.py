@@ -45,7 +45,7 @@ def test_claims_and_their_tasks_come_from_the_task_cards(tmp_path):
     assert list(CLAIMS) == ["mode_collapse", "explaining_away", "multiview_vqa",
                             "pretrained_explaining_away", "hnas_u", "coda_diversity",
                             "repulsive_diversity", "length_ssmax", "length_stickbreaking",
-                            "length_gate"]
+                            "length_gate", "sinks_softpick", "sinks_gate", "lowbit_kurtosis"]
     assert CLAIMS["multiview_vqa"].__name__ == "tasks.vqa.claim"
     plan = Plan("quick", ROOT)
     for name in ("explaining_away", "hnas_u", "coda_diversity", "repulsive_diversity"):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from attnlab.errors import ConfigError
-from attnlab.study.compare import generalization
+from attnlab.study.compare import generalization, stability
 from attnlab.study.compare.analysis import (
     build_cells,
     exploratory,
@@ -66,6 +66,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "needle; --probes to choose), one model per scheme and seed, "
                              "accuracy and target mass against test size with intervals "
                              "(REPORT.md and a PNG per probe); no contrasts or controls")
+    parser.add_argument("--stability", action="store_true",
+                        help="learning-rate stability (Wortsman et al., ICLR 2024): task=lm at "
+                             "every rate of a log-spaced grid (quick: 7 rates over 3 decades, 3 "
+                             "seeds, ~15 min on 2 cores), LR sensitivity per scheme, the "
+                             "pre-registered gate / sigmoid / softpick vs UNAS (--schemes adds "
+                             "exploratory ones); STABILITY.md and lr_sensitivity.png")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the first stage's train.py sweeps and exit")
     return parser.parse_args(argv)
@@ -105,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
               f"paired test needs two seeds), --jobs >= 1", file=sys.stderr)
         return 2
     root = project_root()
+    if args.stability:
+        return run_stability(args, root, sys.argv[1:] if argv is None else argv)
     try:
         plan = build_plan(args, root)
     except ConfigError as err:
@@ -188,6 +196,45 @@ def run_generalization(args: argparse.Namespace, plan: ComparePlan, session: Ses
                                          session.meta(trained, len(records) - trained))
     for card in generalization.generalization_probes(plan):
         print("\n".join(generalization.table(card, found.get(card.name, []))))
+    print(f"[compare] {report}")
+    return 0
+
+
+def run_stability(args: argparse.Namespace, root: Path, given: list[str]) -> int:
+    """--stability: every arm at every rate and seed, then LR sensitivity and the contrasts
+    (attnlab.study.compare.stability)."""
+    if args.generalization or args.probes or args.no_lr_grid:
+        print("error: --stability trains task=lm over its own learning-rate grid; drop --probes, "
+              "--generalization and --no-lr-grid", file=sys.stderr)
+        return 2
+    try:
+        schemes = choose(args.schemes, discover(root / "conf", "model"), "--schemes")
+        plan = stability.StabilityPlan.build(root, args.mode, args.seeds, schemes)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    session = Session.begin("python -m attnlab.compare " + " ".join(given), args.mode, root, args.jobs)
+    out_dir = (args.out or root / "compare" / f"stability-{session.started}").resolve()
+    runs, common = plan.runs(), (*COMMON, *args.override)
+    if args.dry_run:
+        lines = dry_run(runs, root, out_dir / "runs", common, args.jobs)
+        for rate in plan.rates:
+            print(f"# lr={rate:g}: {', '.join(a.label for a in plan.arms)}; seeds 1-{plan.seeds}")
+            print("\n".join(line for line in lines if f"{stability.RATE}={rate} " in line))
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[compare] stability ({args.mode}): {len(plan.arms)} arms x {len(plan.rates)} rates x "
+          f"{plan.seeds} seeds -> {out_dir}", flush=True)
+    records, trained = train(runs, root, out_dir / "runs", common, args.jobs, "stability")
+    found = stability.measure(plan, records)
+    judged = stability.judge(plan, found)
+    meta = session.meta(trained, len(records) - trained)
+    report = stability.write_report(out_dir, plan, found, judged, meta)
+    print("\n".join(stability.grid_table(plan, found)))
+    print("\n".join(stability.contrast_table(judged)))
+    print(f"[compare] {stability.engaged(found)[1]}")
+    if args.wandb:
+        print(f"[compare] W&B run: {stability.log_to_wandb(out_dir, found, judged, meta)}")
     print(f"[compare] {report}")
     return 0
 

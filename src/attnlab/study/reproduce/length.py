@@ -79,15 +79,18 @@ class Arm:
 class Contrast:
     scheme: Arm
     against: Arm
-    length: int  # the multiple m of the training length
+    length: int = 1  # the multiple m of the training length
+    key: str = ""  # another metrics.json metric instead of test/loss@m (the outlier claims')
 
     @property
     def name(self) -> str:
+        if self.key:
+            return f"{self.scheme.label} vs {self.against.label}: {self.key}"
         return f"{self.scheme.label} vs {self.against.label} at {self.length}x"
 
     @property
     def metric(self) -> str:
-        return METRIC.format(m=self.length)
+        return self.key or METRIC.format(m=self.length)
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,15 @@ class Registration:
     margin: float  # nats per token: equivalence (superiority) or non-inferiority margin
     min_effect: float  # nats per token: what the seeds are planned to detect (superiority)
     why_margin: str
+    run_extra: tuple[str, ...] = RUN_EXTRA  # what every run of the claim gets
+    higher_is_better: bool = False  # the metric's direction (a loss: lower)
 
     def __post_init__(self) -> None:
         if self.test not in (SUPERIORITY, NONINFERIORITY):
             raise ValueError(f"test {self.test!r}: use {SUPERIORITY} or {NONINFERIORITY}")
-        bad = [c.name for c in self.contrasts if c.length not in LENGTHS]
+        if self.test == NONINFERIORITY and self.higher_is_better:
+            raise ValueError("non-inferiority is implemented for a metric where lower is better")
+        bad = [c.name for c in self.contrasts if not c.key and c.length not in LENGTHS]
         if bad:
             raise ValueError(f"contrasts {bad} are at a length not tested; use one of {LENGTHS}")
 
@@ -125,8 +132,9 @@ class Registration:
 
 
 # ----------------------------------------------------------------------------- runs
-def run(plan, task: str, extra: tuple[str, ...], arm: Arm, seed: int) -> Run:
-    return plan.run(task, arm.model, seed, (*arm.overrides, *RUN_EXTRA, *extra))
+def run(plan, task: str, extra: tuple[str, ...], arm: Arm, seed: int,
+        run_extra: tuple[str, ...] = RUN_EXTRA) -> Run:
+    return plan.run(task, arm.model, seed, (*arm.overrides, *run_extra, *extra))
 
 
 def variants(plan, name: str) -> list[tuple[str, tuple[str, ...]]]:
@@ -135,7 +143,7 @@ def variants(plan, name: str) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def pilot_runs(plan, name: str, reg: Registration) -> list[Run]:
-    return [run(plan, task, extra, arm, seed) for task, extra in plan.claim_variants(name)
+    return [run(plan, task, extra, arm, seed, reg.run_extra) for task, extra in plan.claim_variants(name)
             for arm in reg.arms for seed in range(1, PILOT[plan.mode] + 1)]
 
 
@@ -149,12 +157,13 @@ def value(results, r: Run, key: str) -> tuple[float, str | None]:
     return (math.nan, f"no {key}") if v is None else (float(v), None)
 
 
-def paired(results, plan, task, extra, c: Contrast, seeds: range) -> tuple[dict, dict, list[str]]:
+def paired(results, plan, task, extra, c: Contrast, seeds: range,
+           run_extra: tuple[str, ...] = RUN_EXTRA) -> tuple[dict, dict, list[str]]:
     """{seed: scheme loss}, {seed: baseline loss} of the seeds where both are there, and why each
     other seed is not."""
     a, b, why = {}, {}, []
     for seed in seeds:
-        (x, wx), (y, wy) = (value(results, run(plan, task, extra, arm, seed), c.metric)
+        (x, wx), (y, wy) = (value(results, run(plan, task, extra, arm, seed, run_extra), c.metric)
                             for arm in (c.scheme, c.against))
         if wx is None and wy is None:
             a[seed], b[seed] = x, y
@@ -192,7 +201,7 @@ def seeds_needed(plan, name: str, reg: Registration, results) -> dict[tuple, Pow
     out = {}
     for task, extra in variants(plan, name):
         for c in reg.contrasts:
-            a, b, _ = paired(results, plan, task, extra, c, range(1, PILOT[plan.mode] + 1))
+            a, b, _ = paired(results, plan, task, extra, c, range(1, PILOT[plan.mode] + 1), reg.run_extra)
             out[(task, extra, c)] = plan_seeds([a[s] - b[s] for s in a], reg, plan.mode)
     return out
 
@@ -206,7 +215,7 @@ def arm_seeds(powers: dict[tuple, Power], task, extra, arm: Arm) -> int:
 def more_runs(plan, name: str, reg: Registration, results) -> list[Run]:
     """After the pilot: each arm's seeds beyond it, up to what its contrasts need."""
     powers = seeds_needed(plan, name, reg, results)
-    return [run(plan, task, extra, arm, seed) for task, extra in variants(plan, name)
+    return [run(plan, task, extra, arm, seed, reg.run_extra) for task, extra in variants(plan, name)
             for arm in reg.arms
             for seed in range(PILOT[plan.mode] + 1, arm_seeds(powers, task, extra, arm) + 1)]
 
@@ -257,7 +266,7 @@ def judge(reg: Registration, pairs: dict[str, tuple[dict, dict, list[str]]],
     out: dict[str, Judged] = {}
     if reg.test == SUPERIORITY:
         family = stats.contrast_family({n: (a, b, reg.margin) for n, (a, b) in testable.items()},
-                                       ALPHA, higher_is_better=False)
+                                       ALPHA, higher_is_better=reg.higher_is_better)
         for n, c in family.items():
             verdict = {stats.BETTER: HOLDS, stats.WORSE: CONTRADICTED,
                        stats.EQUIVALENT: CONTRADICTED}.get(c.verdict, NOT_TESTED)

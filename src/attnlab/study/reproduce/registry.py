@@ -20,7 +20,8 @@ from attnlab.cards import Card, task_cards
 from attnlab.errors import ConfigError
 
 LIBRARY = ("mode_collapse", "explaining_away", "hnas_u", "coda_diversity", "repulsive_diversity",
-           "length_ssmax", "length_stickbreaking", "length_gate")
+           "length_ssmax", "length_stickbreaking", "length_gate", "sinks_softpick", "sinks_gate",
+           "lowbit_kurtosis")
 
 
 def is_task_claim(entry: str) -> bool:
