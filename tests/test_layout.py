@@ -75,7 +75,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tasks", ["tasks.*"]),
     # one run: train / evaluate (Hydra instantiates the task's classes), its record, W&B, the
     # entry point, the sweep launcher's callback
-    ("run", ["attnlab.runner", "attnlab.evaluation", "attnlab.run_record", "attnlab.wandb_runs", "attnlab.cli",
+    ("run", ["attnlab.runner", "attnlab.evaluation", "attnlab.trainer", "attnlab.run_record", "attnlab.wandb_runs", "attnlab.cli",
              "attnlab.gpu_jobs"]),
     # the drivers that launch runs through train.py and judge them (they load a task's claim
     # module by name)

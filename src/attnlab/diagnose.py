@@ -88,7 +88,7 @@ def diagnose_checkpoint(args, out: Path) -> dict:
     from attnlab.callbacks import OutlierDiagnostics
     from attnlab.cards import CONF_DIR
     from attnlab.evaluation import load_checkpoint_module
-    from attnlab.runner import build_trainer
+    from attnlab.trainer import build_trainer
 
     overrides = [f"ckpt_path={args.path}", "logger=none", f"paths.output_dir={out}",
                  *checkpoints.task_argument([f"ckpt_path={args.path}"])]

@@ -17,8 +17,8 @@ from attnlab.cards import CONF_DIR
 from attnlab.config_schema import check_accelerator, validate
 from attnlab.errors import ConfigError, user_error_message
 from attnlab.run_record import print_summary, scheme_params, to_float_dict, write_json
-from attnlab.runner import build_trainer
 from attnlab.task_module import build_module
+from attnlab.trainer import build_trainer
 
 _TASK_REFERENCE = re.compile(r"\$\{task\.([\w.]+)\}")
 

@@ -20,7 +20,6 @@ from typing import Any
 import hydra
 import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -36,9 +35,9 @@ from attnlab.errors import (
     full_error,
     report,
     require_file,
-    trainer_key,
     user_error_message,
 )
+from attnlab.evaluation import quantized_test
 from attnlab.run_record import (
     job_record,
     print_summary,
@@ -49,6 +48,7 @@ from attnlab.run_record import (
 )
 from attnlab.study.evidence import METRICS_FILE
 from attnlab.task_module import build_module
+from attnlab.trainer import build_trainer
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -84,17 +84,6 @@ def build_loggers(cfg: DictConfig) -> list:
             kwargs = wandb_runs.logger_kwargs(cfg, conf, group)
         loggers.append(hydra.utils.instantiate(conf, **kwargs))
     return loggers
-
-
-def build_trainer(cfg: DictConfig, **kwargs) -> pl.Trainer:
-    """The Trainer; Lightning's own ValueErrors about its arguments are configuration errors."""
-    try:
-        return hydra.utils.instantiate(cfg.trainer, **kwargs)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, (ValueError, TypeError)) and user_error_message(exc) is None:
-            overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-            raise ConfigError(f"{trainer_key(str(exc.__cause__), overrides)}: {exc.__cause__}") from exc
-        raise
 
 
 def check_scheme_fits_task(cfg: DictConfig) -> AttentionSpec:
@@ -234,8 +223,6 @@ def train(cfg: DictConfig) -> dict:
             metrics.update(callback.after_test(trainer, module, datamodule, cfg.optimized_metric,
                                                cfg.task.monitor_mode))
     if low_bit is not None and cfg.get("test", True):  # last: it swaps the module's linears
-        from attnlab.evaluation import quantized_test  # (evaluation builds on this module)
-
         metrics.update(quantized_test(cfg, low_bit, module, datamodule, metrics))
 
     record = {

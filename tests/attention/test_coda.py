@@ -441,3 +441,63 @@ def test_a_transform_gets_and_passes_on_logits_that_are_zero_where_masked():
     assert (attended.logits.masked_select(masked) == 0).all()
     assert (attended.logits.masked_select(~masked) != 0).all()
     assert (attended.weights.masked_select(masked) == 0).all()
+
+
+# ----------------------------------------------------------------------------- RealFormer without (S, S) maps
+@pytest.mark.parametrize("positions, normalization", [("none", "unas"), ("alibi", "unas"), ("rope", "sigmoid")])
+def test_realformer_stack_hands_on_stacked_queries_and_keys_equal_to_the_materialized_cascade(positions, normalization):
+    """run_stack carries StackedScores (the layers' q and k concatenated: no (S, S) map) and gets,
+    in float64 with padding and causality, the outputs and gradients of the materialized cascade
+    (each layer handed the summed logits as a tensor)."""
+    from attnlab.attention.schemes.realformer import StackedScores
+
+    spec = AttentionSpec.from_config({"scheme": "realformer", "normalization": normalization})
+    torch.manual_seed(0)
+    layers = nn.ModuleList(TransformerEncoderLayer(D, H, 32, 0.0, spec=spec, layer_index=i, positions=positions,
+                                                   causal=True)
+                           for i in range(3)).double().eval()
+    x = torch.randn(2, 7, D, dtype=torch.float64, requires_grad=True)
+    mask = padding(2, 7, seed=3)
+    handed = []
+    h, logits = x, None
+    for layer in layers:
+        h, logits = layer(h, mask, prev_logits=logits, return_logits=True)
+        handed.append(logits["self_attn"])
+    assert all(isinstance(z, StackedScores) for z in handed)
+    assert handed[2].q.shape == (2, H, 7, 3 * handed[0].width)  # O(S l D), not (S, S)
+    fast = h
+    grad_fast = torch.autograd.grad(fast.square().sum(), x)[0]
+    # the materialized cascade: each later layer handed the logits as a tensor
+    h, z = x, None
+    for i, layer in enumerate(layers):
+        if i == 0:
+            h, out = layer(h, mask, return_logits=True)
+            s = out["self_attn"]
+            z = (s.scaled_q() @ s.k.transpose(-2, -1) / math.sqrt(s.q.shape[-1])).masked_fill(
+                torch.ones(7, 7, dtype=torch.bool).tril().logical_not(), 0.0)
+        else:
+            h, out = layer(h, mask, prev_logits={"self_attn": z}, return_logits=True)
+            z = out["self_attn"]
+            assert isinstance(z, torch.Tensor) and z.shape == (2, H, 7, 7)
+    torch.testing.assert_close(fast, h, atol=1e-10, rtol=1e-10)
+    grad_slow = torch.autograd.grad(h.square().sum(), x)[0]
+    torch.testing.assert_close(grad_fast, grad_slow, atol=1e-9, rtol=1e-9)
+
+
+def test_realformer_records_its_summed_maps_when_asked():
+    torch.manual_seed(0)
+    layers = nn.ModuleList(TransformerEncoderLayer(D, H, 32, 0.0, spec="realformer", layer_index=i, causal=True)
+                           for i in range(3)).eval()
+    x = torch.randn(2, 5, D)
+    mask = padding(2, 5, seed=1)
+    with record_attention(layers) as rec:
+        run_stack(layers, x, mask)
+    h1 = layers[0](x, mask)
+    h2 = layers[1](h1, mask, prev_logits={"self_attn": scores(layers[0].self_attn, x)})
+    mods = [layer.self_attn for layer in layers]
+    z = scores(mods[0], x) + scores(mods[1], h1) + scores(mods[2], h2)
+    valid = torch.ones(5, 5, dtype=torch.bool).tril() & ~mask[:, None, None, :]
+    expected = torch.softmax(z.masked_fill(~valid, float("-inf")), -1)
+    rows = ~mask  # padded queries' rows are the scheme's business
+    torch.testing.assert_close(rec.records["2.self_attn"].weights.transpose(1, 2)[rows],
+                               expected.transpose(1, 2)[rows], atol=1e-5, rtol=1e-5)

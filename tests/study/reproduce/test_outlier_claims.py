@@ -78,6 +78,7 @@ def test_with_a_sink_in_unas_the_sink_rate_and_kurtosis_are_judged(plan, tmp_pat
     assert result.verdict == HOLDS, result.reason
     assert re.search(r"softpick vs unas: diagnostics/sink_rate: 0\.\d+ vs 0\.\d+, -0\.[45]\d\d \[", result.ours)
     assert "Pre-registered" in result.details and "| **holds** |" in result.details
+    assert "metric diagnostics/sink_rate (share of heads), lower is better" in result.details
     gate = sinks_gate.evaluate(plan, results_for(plan, values()), tmp_path)
     assert gate.verdict == HOLDS
     # the gate that leaves the sink where it was: equivalent within 5 % of the heads

@@ -69,7 +69,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stability", action="store_true",
                         help="learning-rate stability (Wortsman et al., ICLR 2024): task=lm at "
                              "every rate of a log-spaced grid (quick: 7 rates over 3 decades, 3 "
-                             "seeds, ~15 min on 2 cores), LR sensitivity per scheme, the "
+                             "seeds, ~21 min on 2 cores), LR sensitivity per scheme, the "
                              "pre-registered gate / sigmoid / softpick vs UNAS (--schemes adds "
                              "exploratory ones); STABILITY.md and lr_sensitivity.png")
     parser.add_argument("--dry-run", action="store_true",

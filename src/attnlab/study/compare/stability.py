@@ -115,6 +115,7 @@ class StabilityPlan:
         card = task_cards(root / "conf")[TASK]
         m = MODES[mode]
         extra = tuple(Arm(s) for s in schemes or () if Arm(s) not in (UNAS, *REGISTERED))
+        check_causal(root, [a.model for a in extra])
         size = tuple(o for o in card.quick or () if o.split("=", 1)[0].lstrip("+") != RATE)  # the grid sets it
         return cls(mode, size, m.rates, seeds or m.seeds, m.steps, extra)
 
@@ -131,6 +132,20 @@ class StabilityPlan:
     def runs(self) -> list[Run]:
         return [self.run(arm, rate, seed) for rate in self.rates for arm in self.arms
                 for seed in range(1, self.seeds + 1)]
+
+
+def check_causal(root: Path, models: list[str]) -> None:
+    """A ConfigError (the runner's own line) for a --schemes model that cannot attend causally,
+    before any run: task=lm is a causal LM."""
+    if not models:
+        return
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.runner import check_scheme_fits_task
+
+    with initialize_config_dir(str((root / "conf").resolve()), version_base="1.3"):
+        for model in models:
+            check_scheme_fits_task(compose("train", overrides=[f"task={TASK}", f"model={model}", "logger=none"]))
 
 
 # ----------------------------------------------------------------------------- measurements

@@ -105,6 +105,7 @@ class Registration:
     why_margin: str
     run_extra: tuple[str, ...] = RUN_EXTRA  # what every run of the claim gets
     higher_is_better: bool = False  # the metric's direction (a loss: lower)
+    unit: str = "nats per token"  # the metric's, and so the margin's and the effect's
 
     def __post_init__(self) -> None:
         if self.test not in (SUPERIORITY, NONINFERIORITY):
@@ -121,12 +122,15 @@ class Registration:
 
     def text(self) -> str:
         """The registration in Markdown, for the report."""
-        direction = ("lower is better; the scheme's loss predicted lower" if self.test == SUPERIORITY
-                     else f"lower is better; the scheme's loss predicted at most {self.margin} above")
+        better = "higher" if self.higher_is_better else "lower"
+        direction = (f"{better} is better; the scheme's value predicted {better}" if self.test == SUPERIORITY
+                     else f"lower is better; the scheme's value predicted at most {self.margin} above")
+        keys = list(dict.fromkeys(c.key for c in self.contrasts if c.key))
+        metric = ", ".join(keys) if keys else "test/loss@m"
         return (f"Pre-registered: {self.prediction} Test: {self.test}, paired by seed, Holm across "
-                f"the {len(self.contrasts)} contrast(s); metric test/loss@m (nats per token), "
-                f"{direction}; margin {self.margin} nats ({self.why_margin}); seeds for "
-                f"{POWER:.0%} power at {self.min_effect} nats from a pilot of {PILOT['quick']} "
+                f"the {len(self.contrasts)} contrast(s); metric {metric} ({self.unit}), "
+                f"{direction}; margin {self.margin} ({self.why_margin}); seeds for "
+                f"{POWER:.0%} power at {self.min_effect} from a pilot of {PILOT['quick']} "
                 f"seeds, capped at {CAP['quick']} (--quick), {CAP['full']} (--full), "
                 f"{CAP['gpu']} (--gpu).")
 

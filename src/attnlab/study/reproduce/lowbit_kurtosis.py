@@ -38,7 +38,7 @@ KURTOSES = outliers.registration(
 DROPS = outliers.registration(
     f"of each pair, the one with the lower kurtosis has the smaller {QUANT} drop in test loss "
     f"(metric {DROP}: full precision minus quantized, nearer 0 is better).",
-    DROP, PAIRS, margin=0.005, min_effect=0.01,
+    DROP, PAIRS, margin=0.005, min_effect=0.01, unit="nats per token",
     why_margin="half a percent in perplexity: a smaller difference is no difference in robustness")
 REGISTRATIONS = [KURTOSES, DROPS]
 

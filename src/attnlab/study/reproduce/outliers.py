@@ -38,9 +38,9 @@ RUN_EXTRA = (f"quant={QUANT}", "++callbacks.head_diversity=null", "++callbacks.e
 PREMISE = 0.05  # UNAS's sink rate must reach this share of heads for a sink claim to be tested
 UNAS = Arm("unas")
 SOFTPICK, SINK, GATE = Arm("softpick"), Arm("sink"), Arm("unas", ("model.gate=headwise",))
-SINK_RATE_MARGIN = {"margin": 0.05, "min_effect": 0.1,
+SINK_RATE_MARGIN = {"margin": 0.05, "min_effect": 0.1, "unit": "share of heads",
                     "why_margin": "5 % of the heads: a smaller change is no change in the sink rate"}
-KURTOSIS_MARGIN = {"margin": 0.25, "min_effect": 0.5,
+KURTOSIS_MARGIN = {"margin": 0.25, "min_effect": 0.5, "unit": "a Gaussian's is 3",
                    "why_margin": "a quarter of a Gaussian's 3: below it the tails are alike"}
 
 
@@ -77,6 +77,10 @@ def judge_family(plan, results, name: str, reg: Registration, task, extra) -> tu
 
 
 def premise_absent(judged: Judged, why: str) -> Judged:
+    """Not tested for want of the premise; a contrast without pairs keeps its own reason (did not
+    learn, not run)."""
+    if judged.result is None:
+        return judged
     return replace(judged, verdict=NOT_TESTED, reason=f"premise absent: {why}")
 
 

@@ -144,3 +144,10 @@ def test_the_command_writes_its_report_from_the_runs(plan, tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "lower (as predicted)" in out
     assert list(tmp_path.glob("wandb/offline-run-*")) and "W&B run:" in out
+
+
+def test_schemes_add_exploratory_arms_and_a_non_causal_one_is_refused(capsys, tmp_path):
+    plan = StabilityPlan.build(ROOT, "quick", seeds=2, schemes=["sink", "softpick"])
+    assert [a.label for a in plan.exploratory] == ["sink"] and plan.seeds == 2  # softpick is registered
+    assert cli.main(["--stability", "--schemes", "dnas", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert "model=dnas normalizes over queries" in capsys.readouterr().err
