@@ -42,6 +42,21 @@ class Run:
     extra: tuple[str, ...] = ()  # further overrides, e.g. ("probe=hub_key", "task.fusion=concat")
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One configuration: a scheme (`model=`) and its overrides, e.g. the positions (a
+    claim's or a comparison's arm)."""
+
+    model: str
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """`ssmax, positions=none`: the scheme and the overrides' last key parts."""
+        parts = [f"{o.split('=', 1)[0].split('.')[-1]}={o.split('=', 1)[1]}" for o in self.overrides]
+        return ", ".join([self.model, *parts])
+
+
 def load_jobs(sweep_dir: Path) -> list[dict]:
     """One record per job dir under `sweep_dir` (a dir with Hydra's .hydra/ or a metrics.json);
     a job whose process died is marked "killed"."""

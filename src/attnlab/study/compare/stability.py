@@ -40,7 +40,7 @@ import numpy as np
 
 from attnlab.cards import task_cards
 from attnlab.study import stats
-from attnlab.study.evidence import Run
+from attnlab.study.evidence import Arm, Run
 from attnlab.study.power import seeds_for_power
 
 TASK = "lm"
@@ -77,16 +77,6 @@ def log_grid(low: float, high: float, count: int) -> tuple[float, ...]:
 MODES = {"quick": Mode(log_grid(1e-3, 1.0, 7), 3, 120),
          "full": Mode(log_grid(1e-4, 1.0, 9), 5, 500),
          "gpu": Mode(log_grid(1e-4, 1.0, 9), 5, 500)}
-
-
-@dataclass(frozen=True)
-class Arm:
-    model: str
-    overrides: tuple[str, ...] = ()
-
-    @property
-    def label(self) -> str:
-        return " ".join([self.model, *self.overrides])
 
 
 UNAS = Arm("unas")

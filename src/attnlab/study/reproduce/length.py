@@ -44,7 +44,7 @@ import numpy as np
 from scipy import special
 
 from attnlab.study import stats
-from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, Run
+from attnlab.study.evidence import CONTRADICTED, HOLDS, NOT_TESTED, Arm, Run
 from attnlab.study.power import seeds_for_power
 
 LENGTHS = (1, 4, 8)  # multiples of the training length every length run is tested at
@@ -59,20 +59,6 @@ PILOT = {"quick": 3, "full": 3, "gpu": 3}  # seeds of every arm before the power
 CAP = {"quick": 4, "full": 10, "gpu": 20}  # the most seeds an arm gets (quick: 20 min of CPU)
 MAX_NEEDED = 200  # what the power computation reports beyond a cap
 SD_FLOOR = 0.005  # nats: a pilot's spread below this counts as this much (3 seeds can agree by chance)
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One configuration: a scheme (`model=`) and its overrides, e.g. the positions."""
-
-    model: str
-    overrides: tuple[str, ...] = ()
-
-    @property
-    def label(self) -> str:
-        """`ssmax, positions=none`: the scheme and the overrides' last key parts."""
-        parts = [f"{o.split('=', 1)[0].split('.')[-1]}={o.split('=', 1)[1]}" for o in self.overrides]
-        return ", ".join([self.model, *parts])
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,6 @@ def registration(prediction: str, metric: str, pairs: tuple[tuple[Arm, Arm], ...
                         run_extra=RUN_EXTRA, higher_is_better=metric == DROP, **margins)
 
 
-def runs(plan, name: str, regs: list[Registration]) -> list:
-    return [r for reg in regs for r in length.pilot_runs(plan, name, reg)]
-
-
-def more_runs(plan, name: str, regs: list[Registration], results) -> list:
-    return [r for reg in regs for r in length.more_runs(plan, name, reg, results)]
-
-
 def arm_values(plan, results, task, extra, arm: Arm, metric: str, seeds: int) -> list[float]:
     xs = [length.value(results, length.run(plan, task, extra, arm, s, RUN_EXTRA), metric)[0]
           for s in range(1, seeds + 1)]
@@ -107,9 +99,11 @@ class Family:
     premise: bool = False
 
 
-def evaluate(plan, results, claim: dict, families) -> ClaimResult:
-    """`families(plan, results, task, extra)` -> [Family] for each trained task variant; the
-    claim's verdict over every contrast that is not a premise (length.overall)."""
+def evaluate(plan, results, claim: dict) -> ClaimResult:
+    """`claim`: the claim module's globals; its `families(plan, results, task, extra)` gives
+    [Family] for each trained task variant. The claim's verdict is over every contrast that is not
+    a premise (length.overall)."""
+    families = claim["families"]
     name = claim["NAME"]
     tasks = plan.claim_variants(name)
     skipped = [f"{t}: not run ({plan.skip_reason(t)})" for t, _ in tasks if plan.skip_reason(t)]
@@ -162,3 +156,20 @@ def flip(judged: Judged) -> Judged:
     return replace(judged, verdict=CONTRADICTED,
                    reason=f"{judged.name}: the baseline has the lower kurtosis but not the smaller drop "
                           f"({c.difference:+.4f} [{c.difference_interval[0]:+.4f}, {c.difference_interval[1]:+.4f}])")
+
+
+def hooks(claim: dict):
+    """`runs`, `more_runs` and `evaluate` of an outlier claim module (its globals: NAME,
+    REGISTRATIONS, `families`, ...), what the reproduce registry calls on every claim."""
+    name, regs = claim["NAME"], claim["REGISTRATIONS"]
+
+    def runs(plan) -> list:
+        return [r for reg in regs for r in length.pilot_runs(plan, name, reg)]
+
+    def more_runs(plan, results) -> list:
+        return [r for reg in regs for r in length.more_runs(plan, name, reg, results)]
+
+    def evaluate_claim(plan, results, out_dir) -> ClaimResult:
+        return evaluate(plan, results, claim)
+
+    return runs, more_runs, evaluate_claim

@@ -28,13 +28,4 @@ def families(plan, results, task, extra):
     return [Family("sink rate", rates, powers)]
 
 
-def runs(plan):
-    return outliers.runs(plan, NAME, REGISTRATIONS)
-
-
-def more_runs(plan, results):
-    return outliers.more_runs(plan, NAME, REGISTRATIONS, results)
-
-
-def evaluate(plan, results, out_dir):
-    return outliers.evaluate(plan, results, globals(), families)
+runs, more_runs, evaluate = outliers.hooks(globals())
